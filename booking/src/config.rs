@@ -1,0 +1,158 @@
+//! Command line and environment: one `Cli` for the `booking` binary. Every option is also an environment
+//! variable; `booking <command> --help` lists them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use secrecy::SecretString;
+
+#[derive(Debug, Parser)]
+#[command(name = "booking", version, about = "Seat holds and checkout for high-demand on-sales")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the booking HTTP API.
+    Serve(Box<ServeConfig>),
+    /// Apply database migrations and exit.
+    Migrate(DatabaseArgs),
+    /// Create a synthetic venue, an event, ticket types and allocations; print the event id.
+    Seed(SeedArgs),
+    /// Mint development tokens (account tokens for the gateway, admission proofs for booking).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Print the OpenAPI document generated from the code.
+    Openapi,
+    /// Measure holds and checkouts per second against redis-benchmark and pgbench on this machine.
+    Bench(Box<crate::bench::BenchArgs>),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// Postgres connection URL.
+    #[arg(long, env = "DATABASE_URL", value_parser = secret)]
+    pub database_url: SecretString,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SeedArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// Seats in the synthetic venue (sections of 20 rows of 25).
+    #[arg(long, env = "SEED_SEATS", default_value_t = 20_000)]
+    pub seats: u32,
+    /// Seats held back for sponsors: never allocated, so never on sale.
+    #[arg(long, env = "SEED_SPONSOR_SEATS", default_value_t = 50)]
+    pub sponsor_seats: u32,
+    /// Name of the event.
+    #[arg(long, env = "SEED_EVENT_NAME", default_value = "Demo on-sale")]
+    pub event_name: String,
+    /// Seed only when the database has no event yet; otherwise print the latest event's id.
+    #[arg(long)]
+    pub if_empty: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// An account token, as the platform's login would issue (presented to the gateway).
+    Account {
+        /// The account id (`sub`).
+        #[arg(long)]
+        account: String,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 3600)]
+        ttl_seconds: u64,
+        /// Issuer the gateway expects.
+        #[arg(long, env = "ACCOUNT_ISSUER", default_value = "platform")]
+        issuer: String,
+        /// Keyring of account tokens, `kid:secret[,kid:secret...]`; the first key signs.
+        #[arg(long, env = "ACCOUNT_KEYS", value_parser = secret)]
+        keys: SecretString,
+    },
+    /// An admission proof for one event, as the gateway issues on admission (presented to booking).
+    Admission {
+        /// The account id (`sub`).
+        #[arg(long)]
+        account: String,
+        /// The event the proof admits to.
+        #[arg(long)]
+        event: i64,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 900)]
+        ttl_seconds: u64,
+        /// Keyring of admission proofs, `kid:secret[,kid:secret...]`; the first key signs.
+        #[arg(long, env = "ADMISSION_KEYS", value_parser = secret)]
+        keys: SecretString,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    #[arg(long, env = "BOOKING_LISTEN", default_value = "127.0.0.1:18080")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// Redis connection URL.
+    #[arg(long, env = "REDIS_URL", value_parser = secret)]
+    pub redis_url: SecretString,
+    /// Prefix of every Redis key this service writes (namespaces a deployment; no braces).
+    #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "")]
+    pub redis_key_prefix: String,
+    /// Keyring that verifies admission proofs, `kid:secret[,kid:secret...]`.
+    #[arg(long, env = "ADMISSION_KEYS", value_parser = secret)]
+    pub admission_keys: SecretString,
+    /// How long a hold lasts, and how far one extension pushes it, in milliseconds.
+    #[arg(long, env = "HOLD_TTL_MS", default_value_t = 600_000)]
+    pub hold_ttl_ms: u64,
+    /// Absolute cap on a hold's life from its creation, however often extended, in milliseconds.
+    #[arg(long, env = "HOLD_MAX_MS", default_value_t = 1_200_000)]
+    pub hold_max_ms: u64,
+    /// Seats in one basket at most.
+    #[arg(long, env = "MAX_SEATS_PER_BASKET", default_value_t = 8)]
+    pub max_seats_per_basket: usize,
+    /// Seats one account may hold and buy per event at most.
+    #[arg(long, env = "MAX_SEATS_PER_ACCOUNT", default_value_t = 8)]
+    pub max_seats_per_account: usize,
+    /// Payment window of a new order, in seconds.
+    #[arg(long, env = "PAYMENT_WINDOW_SECONDS", default_value_t = 600)]
+    pub payment_window_seconds: u32,
+    /// How often an event's catalogue (allocations, prices) is re-read from Postgres, in milliseconds.
+    #[arg(long, env = "CATALOGUE_REFRESH_MS", default_value_t = 5_000)]
+    pub catalogue_refresh_ms: u64,
+    /// Longest wait for one Redis reply before answering 503, in milliseconds.
+    #[arg(long, env = "REDIS_TIMEOUT_MS", default_value_t = 1_000)]
+    pub redis_timeout_ms: u64,
+    /// Postgres connections in the pool.
+    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 16)]
+    pub database_pool_size: u32,
+    /// Longest wait for a Postgres connection before answering 503, in milliseconds.
+    #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 3_000)]
+    pub database_acquire_timeout_ms: u64,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "BODY_LIMIT_BYTES", default_value_t = 16 * 1024)]
+    pub body_limit_bytes: usize,
+}
+
+impl ServeConfig {
+    pub fn hold_ttl(&self) -> Duration {
+        Duration::from_millis(self.hold_ttl_ms)
+    }
+    pub fn hold_max(&self) -> Duration {
+        Duration::from_millis(self.hold_max_ms)
+    }
+    pub fn catalogue_refresh(&self) -> Duration {
+        Duration::from_millis(self.catalogue_refresh_ms)
+    }
+    pub fn redis_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis_timeout_ms)
+    }
+}
+
+fn secret(raw: &str) -> Result<SecretString, String> {
+    Ok(SecretString::from(raw.to_owned()))
+}

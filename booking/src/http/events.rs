@@ -1,0 +1,149 @@
+//! `GET /events/{id}` and the live seat map `GET /events/{id}/seats`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::AppState;
+use super::auth::Proof;
+use super::error::{ApiError, ApiPath};
+use crate::domain::{Catalogue, EventId, SeatId, SeatStatus};
+use crate::store::orders;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TicketTypeView {
+    pub ticket_type_id: i64,
+    pub name: String,
+    /// Price in minor units of the event's currency.
+    pub price_cents: i64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventView {
+    pub event_id: i64,
+    pub name: String,
+    pub venue: String,
+    /// RFC 3339.
+    pub starts_at: String,
+    /// ISO 4217 code of every price of the event.
+    pub currency: String,
+    pub ticket_types: Vec<TicketTypeView>,
+    /// Seats allocated to the event (held-back seats are not on sale and not counted).
+    pub seats_on_sale: usize,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SeatView {
+    pub seat_id: i64,
+    /// e.g. "Block 101 Row C Seat 12".
+    pub label: String,
+    pub section: String,
+    pub row: String,
+    pub number: i32,
+    pub x: i32,
+    pub y: i32,
+    pub accessible: bool,
+    pub ticket_type_id: i64,
+    pub ticket_type: String,
+    pub price_cents: i64,
+    pub status: SeatStatus,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SeatMap {
+    pub event_id: i64,
+    /// Grows every time a seat of the event changes state; compare to skip redrawing an unchanged map.
+    pub version: u64,
+    pub seats: Vec<SeatView>,
+}
+
+/// Parses a path event id and finds its catalogue: 400 for a malformed id, 404 for an unknown event.
+pub(super) async fn catalogue(state: &AppState, raw: i64) -> Result<Arc<Catalogue>, ApiError> {
+    if raw <= 0 {
+        return Err(ApiError::bad_request("invalid_path", "event_id must be a positive integer"));
+    }
+    state
+        .catalogues
+        .get(EventId(raw))
+        .await?
+        .ok_or_else(|| ApiError::not_found("event_not_found", format!("there is no event {raw}")))
+}
+
+/// The event, its ticket types and prices.
+#[utoipa::path(get, path = "/events/{event_id}", tag = "events",
+    params(("event_id" = i64, Path, description = "event id")),
+    security(("admission" = [])),
+    responses(
+        (status = 200, body = EventView),
+        (status = 400, body = super::ErrorBody), (status = 401, body = super::ErrorBody),
+        (status = 403, body = super::ErrorBody), (status = 404, body = super::ErrorBody),
+    ))]
+pub async fn get_event(
+    State(state): State<AppState>,
+    ApiPath(event_id): ApiPath<i64>,
+    proof: Proof,
+) -> Result<Json<EventView>, ApiError> {
+    proof.account_for(EventId(event_id))?;
+    let cat = catalogue(&state, event_id).await?;
+    Ok(Json(EventView {
+        event_id,
+        name: cat.event.name.clone(),
+        venue: cat.event.venue.clone(),
+        starts_at: cat.event.starts_at.clone(),
+        currency: cat.event.currency.clone(),
+        ticket_types: cat
+            .ticket_types
+            .iter()
+            .map(|t| TicketTypeView { ticket_type_id: t.id, name: t.name.clone(), price_cents: t.price_cents })
+            .collect(),
+        seats_on_sale: cat.seats().len(),
+    }))
+}
+
+/// Every seat on sale with its status. Sold comes from Postgres (the truth), held from Redis.
+#[utoipa::path(get, path = "/events/{event_id}/seats", tag = "events",
+    params(("event_id" = i64, Path, description = "event id")),
+    security(("admission" = [])),
+    responses(
+        (status = 200, body = SeatMap),
+        (status = 400, body = super::ErrorBody), (status = 401, body = super::ErrorBody),
+        (status = 403, body = super::ErrorBody), (status = 404, body = super::ErrorBody),
+        (status = 503, body = super::ErrorBody),
+    ))]
+pub async fn get_seats(
+    State(state): State<AppState>,
+    ApiPath(event_id): ApiPath<i64>,
+    proof: Proof,
+) -> Result<Json<SeatMap>, ApiError> {
+    let event = EventId(event_id);
+    proof.account_for(event)?;
+    let cat = catalogue(&state, event_id).await?;
+    let ids: Vec<SeatId> = cat.seats().iter().map(|s| s.id).collect();
+    let (held, sold) = tokio::join!(state.holds.seat_states(event, &ids), orders::sold_seats(&state.pool, event));
+    let (states, version) = held?;
+    let sold: HashSet<SeatId> = sold?.into_iter().collect();
+    let seats = cat
+        .seats()
+        .iter()
+        .zip(states)
+        .map(|(s, status)| SeatView {
+            seat_id: s.id.0,
+            label: s.label.clone(),
+            section: s.section.clone(),
+            row: s.row.clone(),
+            number: s.number,
+            x: s.x,
+            y: s.y,
+            accessible: s.accessible,
+            ticket_type_id: s.ticket_type_id,
+            ticket_type: cat.ticket_type_name(s.ticket_type_id).to_owned(),
+            price_cents: s.price_cents,
+            status: if sold.contains(&s.id) { SeatStatus::Sold } else { status },
+        })
+        .collect();
+    Ok(Json(SeatMap { event_id, version, seats }))
+}

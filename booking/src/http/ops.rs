@@ -1,0 +1,69 @@
+//! Liveness, readiness, metrics, the OpenAPI document and JSON answers for unknown routes.
+
+use std::sync::OnceLock;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::store::orders;
+
+/// The process-wide Prometheus recorder, installed on first use.
+pub fn prometheus() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        // Fails only if another recorder was installed first; metrics then go there.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// Postgres and Redis both answer.
+#[utoipa::path(get, path = "/readyz", tag = "ops", responses(
+    (status = 200, description = "ready"),
+    (status = 503, description = "a dependency is down", body = super::ErrorBody),
+))]
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    let (pg, redis) = tokio::join!(
+        tokio::time::timeout(std::time::Duration::from_secs(2), orders::ping(&state.pool)),
+        state.holds.ping()
+    );
+    match pg {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(ApiError::from(e)),
+        Err(_) => return Err(ApiError::unavailable("postgres")),
+    }
+    redis?;
+    Ok(Json(json!({"status": "ready", "postgres": "ok", "redis": "ok"})))
+}
+
+/// Prometheus text exposition.
+pub async fn metrics() -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], prometheus().render()).into_response()
+}
+
+/// The OpenAPI document of this API, generated from the code.
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], super::openapi::document()).into_response()
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::not_found("not_found", "no such route")
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+}

@@ -1,0 +1,221 @@
+//! Checkout: `POST /events/{id}/orders` with an `Idempotency-Key`.
+//!
+//! Two gates. Redis first: every seat of the hold must still carry its token (a cheap refusal of an expired
+//! hold). Then one Postgres transaction writes the order and its seats; the unique index on active order seats
+//! is the guarantee, and its violation is a 409 `seat_sold`, never a 500. The answer is recorded under the
+//! idempotency key, so a retry gets the same answer and never a second order.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::AppState;
+use super::auth::Proof;
+use super::error::{ApiError, ApiJson, ApiPath};
+use super::events::catalogue;
+use super::holds::{PricedSeat, hold_expired, hold_not_yours, priced, seat_unavailable};
+use crate::domain::{Catalogue, EventId, HoldToken, SeatId};
+use crate::store::holds::HoldCheck;
+use crate::store::orders::{self, CheckoutError, Idempotency, NewOrder, Order, rfc3339};
+
+/// Longest accepted idempotency key.
+const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OrderRequest {
+    /// The hold to check out, as returned by `POST /events/{id}/holds`.
+    pub hold_token: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OrderView {
+    pub order_id: Uuid,
+    pub event_id: i64,
+    /// `reserved` until paid (the payment window ends at `payment_due_at`).
+    pub status: String,
+    pub hold_token: Uuid,
+    pub seats: Vec<PricedSeat>,
+    /// Sum of the seats' prices at checkout, from their allocations.
+    pub total_cents: i64,
+    pub currency: String,
+    pub payment_due_at: String,
+    pub created_at: String,
+}
+
+fn view(order: &Order, cat: &Catalogue) -> OrderView {
+    let ids: Vec<SeatId> = order.seats.iter().map(|s| s.0).collect();
+    let mut seats = priced(cat, &ids);
+    // The price charged is the one Postgres wrote, whatever the cached catalogue says.
+    for (view, (_, _, price)) in seats.iter_mut().zip(&order.seats) {
+        view.price_cents = *price;
+    }
+    OrderView {
+        order_id: order.id.0,
+        event_id: order.event.0,
+        status: order.status.clone(),
+        hold_token: order.hold.0,
+        seats,
+        total_cents: order.total_cents,
+        currency: order.currency.clone(),
+        payment_due_at: rfc3339(order.payment_due_at),
+        created_at: rfc3339(order.created_at),
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let raw = headers
+        .get("idempotency-key")
+        .ok_or_else(|| ApiError::bad_request("idempotency_key_missing", "checkout needs an Idempotency-Key header"))?;
+    let key = raw.to_str().unwrap_or("");
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::bad_request(
+            "idempotency_key_invalid",
+            format!("Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_BYTES} visible ASCII characters"),
+        ));
+    }
+    Ok(key)
+}
+
+/// Check out a hold: creates a `reserved` order for all of its seats, or nothing.
+#[utoipa::path(post, path = "/events/{event_id}/orders", tag = "orders",
+    params(
+        ("event_id" = i64, Path, description = "event id"),
+        ("Idempotency-Key" = String, Header, description = "client-chosen key; the same key and body replay the same answer"),
+    ),
+    request_body = OrderRequest,
+    security(("admission" = [])),
+    responses(
+        (status = 201, body = OrderView, description = "the order (also replayed for a retried key, with `Idempotent-Replayed: true`)"),
+        (status = 409, body = super::ErrorBody, description = "`hold_expired`, `seat_sold` (with `seat_id` and `label`), `hold_already_checked_out`, `account_limit_reached`, `request_in_flight`"),
+        (status = 422, body = super::ErrorBody, description = "`invalid_hold_token`, `idempotency_key_reused`, `invalid_body`"),
+        (status = 400, body = super::ErrorBody), (status = 401, body = super::ErrorBody),
+        (status = 403, body = super::ErrorBody), (status = 404, body = super::ErrorBody),
+        (status = 503, body = super::ErrorBody),
+    ))]
+pub async fn create_order(
+    State(state): State<AppState>,
+    ApiPath(event_id): ApiPath<i64>,
+    proof: Proof,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<OrderRequest>,
+) -> Result<Response, ApiError> {
+    let event = EventId(event_id);
+    let account = proof.account_for(event)?.as_str();
+    let key = idempotency_key(&headers)?;
+    let token = Uuid::parse_str(&req.hold_token)
+        .map(HoldToken)
+        .map_err(|_| ApiError::unprocessable("invalid_hold_token", "hold_token must be a UUID"))?;
+    let cat = catalogue(&state, event_id).await?;
+
+    let fingerprint = format!("POST /events/{event_id}/orders hold_token={token}");
+    match orders::claim_idempotency_key(&state.pool, account, key, &fingerprint).await? {
+        Idempotency::Fresh => {}
+        Idempotency::Replay { status, body } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            let mut res = (status, Json(body)).into_response();
+            res.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+            return Ok(res);
+        }
+        Idempotency::InFlight => {
+            return Err(ApiError::conflict(
+                "request_in_flight",
+                "a request with this Idempotency-Key is still being processed; retry shortly",
+            ));
+        }
+        Idempotency::Mismatch => {
+            return Err(ApiError::unprocessable(
+                "idempotency_key_reused",
+                "this Idempotency-Key was already used for a different request",
+            ));
+        }
+    }
+
+    match checkout(&state, &cat, event, account, token, key).await {
+        Ok(order) => Ok((StatusCode::CREATED, Json(order)).into_response()),
+        Err(e) if e.status.is_server_error() => {
+            // The client may retry: free the key so the retry is served, not refused as in flight.
+            if let Err(abandon) = orders::abandon_idempotency_key(&state.pool, account, key).await {
+                tracing::warn!(error = %abandon, "could not free an idempotency key");
+            }
+            Err(e)
+        }
+        Err(e) => {
+            if let Err(finish) =
+                orders::finish_idempotency_key(&state.pool, account, key, e.status.as_u16(), &e.body()).await
+            {
+                tracing::warn!(error = %finish, "could not record a refused checkout under its idempotency key");
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn checkout(
+    state: &AppState,
+    cat: &Catalogue,
+    event: EventId,
+    account: &str,
+    token: HoldToken,
+    key: &str,
+) -> Result<OrderView, ApiError> {
+    // Gate 1, Redis: the hold must be this account's and every seat still its own.
+    let rec = state.holds.record(event, token).await?.ok_or_else(hold_expired)?;
+    if rec.account != account {
+        return Err(hold_not_yours());
+    }
+    match state.holds.verify(event, account, token, &rec).await? {
+        HoldCheck::Live { .. } => {}
+        HoldCheck::NotYours => return Err(hold_not_yours()),
+        _ => return Err(hold_expired()),
+    }
+
+    // Gate 2, Postgres: the order and all its seats, or nothing.
+    let new = NewOrder {
+        event,
+        account,
+        hold: token,
+        seats: &rec.seats,
+        currency: &cat.event.currency,
+        payment_window_seconds: state.limits.payment_window_seconds,
+        max_seats_per_account: state.limits.max_seats_per_account,
+        idempotency_key: key,
+    };
+    let render = |o: &Order| serde_json::to_value(view(o, cat)).unwrap_or_default();
+    let order = match orders::checkout(&state.pool, &new, render).await {
+        Ok(order) => order,
+        Err(CheckoutError::SeatSold(seat)) => {
+            metrics::counter!("booking_checkouts_total", "outcome" => "seat_sold").increment(1);
+            let label = cat.label(seat);
+            return Err(ApiError::conflict("seat_sold", format!("{label} was sold to someone else"))
+                .with("seat_id", seat.0)
+                .with("label", label));
+        }
+        Err(CheckoutError::HoldUsed) => {
+            return Err(ApiError::conflict("hold_already_checked_out", "this hold was already checked out"));
+        }
+        Err(CheckoutError::NotOnSale(seat)) => return Err(seat_unavailable(cat, seat)),
+        Err(CheckoutError::AccountCap { owned }) => {
+            let max = state.limits.max_seats_per_account;
+            return Err(ApiError::conflict(
+                "account_limit_reached",
+                format!("an account may buy at most {max} seats for this event; it has {owned}"),
+            )
+            .with("max", max)
+            .with("counted", owned));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    metrics::counter!("booking_checkouts_total", "outcome" => "created").increment(1);
+
+    // Best effort: mark the seats sold in Redis so later holds are refused without Postgres. If this fails,
+    // the hold simply expires and Postgres still refuses any second sale.
+    if let Err(e) = state.holds.sell(event, token, &rec).await {
+        tracing::warn!(error = %e, "checkout committed but the seats were not marked sold in Redis");
+    }
+    Ok(view(&order, cat))
+}

@@ -1,0 +1,13 @@
+//! Booking: atomic all-or-nothing seat holds in Redis and a Postgres checkout guarded by one active sale per
+//! (event, seat). See ARCHITECTURE.md for the map.
+
+pub mod bench;
+pub mod config;
+pub mod domain;
+pub mod http;
+pub mod seed;
+pub mod store;
+pub mod telemetry;
+
+/// Migrations of the booking database, embedded at build time from `migrations/`.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

@@ -1,0 +1,92 @@
+//! The `booking` binary: parses the command line and hands over to the library.
+
+use anyhow::Context;
+use booking::config::{Cli, Command, TokenCommand};
+use booking::{bench, http, seed, telemetry};
+use clap::Parser;
+use secrecy::ExposeSecret;
+use sqlx::PgPool;
+use tokens::{AccountClaims, AccountId, AdmissionClaims, Keyring, unix_now};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    telemetry::init();
+    match Cli::parse().command {
+        Command::Serve(cfg) => {
+            let pool = http::connect_postgres(&cfg).await?;
+            booking::MIGRATOR.run(&pool).await.context("applying migrations")?;
+            let state = http::AppState::build(&cfg, pool).await?;
+            let listener =
+                tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
+            tracing::info!(addr = %listener.local_addr()?, "booking listening");
+            http::serve(listener, state, shutdown_signal()).await?;
+            tracing::info!("booking stopped");
+        }
+        Command::Migrate(db) => {
+            let pool = PgPool::connect(db.database_url.expose_secret()).await.context("connecting to Postgres")?;
+            booking::MIGRATOR.run(&pool).await.context("applying migrations")?;
+            println!("migrations applied");
+        }
+        Command::Seed(args) => {
+            let pool = PgPool::connect(args.db.database_url.expose_secret()).await.context("connecting to Postgres")?;
+            booking::MIGRATOR.run(&pool).await.context("applying migrations")?;
+            if args.if_empty
+                && let Some(event) = seed::latest_event(&pool).await?
+            {
+                println!("{event}");
+                return Ok(());
+            }
+            let opts = seed::SeedOptions {
+                seats: args.seats,
+                sponsor_seats: args.sponsor_seats,
+                event_name: args.event_name,
+                ..Default::default()
+            };
+            let seeded = seed::seed(&pool, &opts).await?;
+            eprintln!(
+                "seeded event {} with {} seats, {} on sale ({} held back for sponsors)",
+                seeded.event_id,
+                seeded.seats,
+                seeded.allocated,
+                seeded.seats - seeded.allocated
+            );
+            println!("{}", seeded.event_id);
+        }
+        Command::Token(TokenCommand::Account { account, ttl_seconds, issuer, keys }) => {
+            let ring = Keyring::parse(keys.expose_secret()).context("ACCOUNT_KEYS")?;
+            let now = unix_now();
+            let claims = AccountClaims {
+                sub: AccountId::parse(&account).context("--account")?,
+                aud: tokens::ACCOUNT_AUDIENCE.into(),
+                iss: issuer,
+                iat: now,
+                exp: now + ttl_seconds,
+            };
+            println!("{}", ring.sign(&claims));
+        }
+        Command::Token(TokenCommand::Admission { account, event, ttl_seconds, keys }) => {
+            let ring = Keyring::parse(keys.expose_secret()).context("ADMISSION_KEYS")?;
+            let account = AccountId::parse(&account).context("--account")?;
+            println!("{}", ring.sign(&AdmissionClaims::new(account, event, unix_now(), ttl_seconds)));
+        }
+        Command::Openapi => println!("{}", http::openapi::document()),
+        Command::Bench(args) => bench::run(&args).await?,
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}

@@ -1,0 +1,333 @@
+//! Seat holds in Redis: typed wrappers around the scripts in `lua/`, and the one place keys are built.
+//!
+//! Every key of an event carries the hash tag `{ev<id>}`, so each script touches one slot and the same code
+//! runs on a single Redis and on Redis Cluster. Scripts are sent with EVALSHA; the redis crate falls back to
+//! loading the script when the server answers NOSCRIPT (after a restart or failover).
+
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::ConnectionManager;
+
+use super::StoreError;
+use crate::domain::{EventId, HoldToken, MapVersion, SeatId, SeatStatus, join_seats, split_seats};
+
+/// The Redis value of a seat that was sold (after checkout committed).
+const SOLD: &str = "sold";
+
+/// Builds every Redis key booking uses. `prefix` namespaces a deployment (or a test) and never contains a
+/// brace, so the event's hash tag is always the first one in the key.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> anyhow::Result<Self> {
+        anyhow::ensure!(!prefix.contains(['{', '}']), "the Redis key prefix must not contain braces");
+        Ok(Self { prefix: prefix.to_owned() })
+    }
+
+    pub fn seat(&self, event: EventId, seat: SeatId) -> String {
+        format!("{}hold:{{ev{event}}}:seat:{seat}", self.prefix)
+    }
+
+    pub fn record(&self, event: EventId, token: HoldToken) -> String {
+        format!("{}hold:{{ev{event}}}:token:{token}", self.prefix)
+    }
+
+    pub fn account(&self, event: EventId, account: &str) -> String {
+        format!("{}hold:{{ev{event}}}:account:{account}", self.prefix)
+    }
+
+    pub fn version(&self, event: EventId) -> String {
+        format!("{}seatmap:{{ev{event}}}:version", self.prefix)
+    }
+}
+
+struct Scripts {
+    acquire: Script,
+    release: Script,
+    extend: Script,
+    verify: Script,
+    sell: Script,
+}
+
+impl Scripts {
+    fn load() -> Self {
+        Self {
+            acquire: Script::new(include_str!("../../../lua/acquire_hold.lua")),
+            release: Script::new(include_str!("../../../lua/release_hold.lua")),
+            extend: Script::new(include_str!("../../../lua/extend_hold.lua")),
+            verify: Script::new(include_str!("../../../lua/verify_hold.lua")),
+            sell: Script::new(include_str!("../../../lua/sell_hold.lua")),
+        }
+    }
+}
+
+/// Hold timings, from configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct HoldTimes {
+    /// How long a new hold lasts, and how far an extension pushes it.
+    pub ttl: Duration,
+    /// No hold lives longer than this after it was made, however often it is extended.
+    pub max_total: Duration,
+    /// How long a hold's record outlives the hold, so a late caller hears "expired" rather than "unknown".
+    pub record_retention: Duration,
+}
+
+/// Outcome of asking for a basket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    Granted {
+        expires_at_ms: i64,
+    },
+    /// The seat at this index of the basket (0-based) is held or sold.
+    SeatTaken {
+        index: usize,
+    },
+    /// The account already holds or bought `counted` seats; the basket would take it over the cap.
+    AccountCap {
+        counted: i64,
+    },
+}
+
+/// A hold's record, as read before release, extend or checkout.
+#[derive(Debug, Clone)]
+pub struct HoldRecord {
+    pub account: String,
+    pub seats: Vec<SeatId>,
+    seats_raw: String,
+}
+
+/// Outcome of a compare-and-* script on an existing hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HoldCheck {
+    /// The hold is this caller's and alive; `expires_at_ms` is its (possibly new) expiry.
+    Live {
+        expires_at_ms: i64,
+    },
+    /// Released: how many seats still carried the token.
+    Released {
+        seats: i64,
+    },
+    /// The hold's time ran out (`index` None) or a seat (0-based index) is no longer its own.
+    Lost {
+        index: Option<usize>,
+    },
+    NotYours,
+    NotFound,
+}
+
+/// The Redis side of holds. Cheap to clone: the connection manager multiplexes one connection.
+#[derive(Clone)]
+pub struct Holds {
+    conn: ConnectionManager,
+    keys: Keys,
+    timeout: Duration,
+    times: HoldTimes,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+impl Holds {
+    pub fn new(conn: ConnectionManager, keys: Keys, timeout: Duration, times: HoldTimes) -> Self {
+        Self { conn, keys, timeout, times, scripts: std::sync::Arc::new(Scripts::load()) }
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    pub fn times(&self) -> HoldTimes {
+        self.times
+    }
+
+    async fn run<T>(&self, fut: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(reply) => Ok(reply?),
+            Err(_) => Err(StoreError::RedisTimeout(self.timeout)),
+        }
+    }
+
+    /// Grants every seat of the basket to `token`, or none of them.
+    pub async fn acquire(
+        &self,
+        event: EventId,
+        account: &str,
+        token: HoldToken,
+        seats: &[SeatId],
+        max_per_account: usize,
+    ) -> Result<Acquired, StoreError> {
+        let mut inv = self.scripts.acquire.prepare_invoke();
+        inv.key(self.keys.record(event, token)).key(self.keys.account(event, account)).key(self.keys.version(event));
+        for &seat in seats {
+            inv.key(self.keys.seat(event, seat));
+        }
+        inv.arg(token.to_string())
+            .arg(account)
+            .arg(ms(self.times.ttl))
+            .arg(max_per_account)
+            .arg(ms(self.times.record_retention))
+            .arg(join_seats(seats));
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = self.run(inv.invoke_async(&mut conn)).await?;
+        match reply.as_slice() {
+            [1, expires] => Ok(Acquired::Granted { expires_at_ms: *expires }),
+            [0, i] if *i >= 1 && (*i as usize) <= seats.len() => Ok(Acquired::SeatTaken { index: *i as usize - 1 }),
+            [-1, counted] => Ok(Acquired::AccountCap { counted: *counted }),
+            other => Err(StoreError::RedisReply(format!("acquire_hold: {other:?}"))),
+        }
+    }
+
+    /// Reads a hold's record; `None` if it does not exist (never did, released, or long expired).
+    pub async fn record(&self, event: EventId, token: HoldToken) -> Result<Option<HoldRecord>, StoreError> {
+        let mut conn = self.conn.clone();
+        let key = self.keys.record(event, token);
+        let (account, seats): (Option<String>, Option<String>) =
+            self.run(redis::cmd("HMGET").arg(&key).arg("account").arg("seats").query_async(&mut conn)).await?;
+        match (account, seats) {
+            (Some(account), Some(raw)) => {
+                let seats = split_seats(&raw).ok_or_else(|| StoreError::RedisReply(format!("seat list {raw:?}")))?;
+                Ok(Some(HoldRecord { account, seats, seats_raw: raw }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Compare-and-delete: frees the seats that still carry `token`, if the hold is `account`'s.
+    pub async fn release(
+        &self,
+        event: EventId,
+        account: &str,
+        token: HoldToken,
+        rec: &HoldRecord,
+    ) -> Result<HoldCheck, StoreError> {
+        let mut inv = self.scripts.release.prepare_invoke();
+        inv.key(self.keys.record(event, token))
+            .key(self.keys.account(event, &rec.account))
+            .key(self.keys.version(event));
+        self.seat_keys(&mut inv, event, rec);
+        inv.arg(token.to_string()).arg(account).arg(&rec.seats_raw);
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = self.run(inv.invoke_async(&mut conn)).await?;
+        decode_check("release_hold", &reply, |n| HoldCheck::Released { seats: n })
+    }
+
+    /// Compare-and-set: pushes a live hold's expiry by the hold time, capped at its absolute maximum.
+    pub async fn extend(
+        &self,
+        event: EventId,
+        account: &str,
+        token: HoldToken,
+        rec: &HoldRecord,
+    ) -> Result<HoldCheck, StoreError> {
+        let mut inv = self.scripts.extend.prepare_invoke();
+        inv.key(self.keys.record(event, token)).key(self.keys.account(event, &rec.account));
+        self.seat_keys(&mut inv, event, rec);
+        inv.arg(token.to_string())
+            .arg(account)
+            .arg(&rec.seats_raw)
+            .arg(ms(self.times.ttl))
+            .arg(ms(self.times.max_total))
+            .arg(ms(self.times.record_retention));
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = self.run(inv.invoke_async(&mut conn)).await?;
+        decode_check("extend_hold", &reply, |e| HoldCheck::Live { expires_at_ms: e })
+    }
+
+    /// Read-only check that every seat of the hold is still `token`'s and the hold is `account`'s.
+    pub async fn verify(
+        &self,
+        event: EventId,
+        account: &str,
+        token: HoldToken,
+        rec: &HoldRecord,
+    ) -> Result<HoldCheck, StoreError> {
+        let mut inv = self.scripts.verify.prepare_invoke();
+        inv.key(self.keys.record(event, token));
+        self.seat_keys(&mut inv, event, rec);
+        inv.arg(token.to_string()).arg(account).arg(&rec.seats_raw);
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = self.run(inv.invoke_async(&mut conn)).await?;
+        decode_check("verify_hold", &reply, |e| HoldCheck::Live { expires_at_ms: e })
+    }
+
+    /// After checkout committed: marks the hold's seats sold and counts them against the account's cap.
+    pub async fn sell(&self, event: EventId, token: HoldToken, rec: &HoldRecord) -> Result<i64, StoreError> {
+        let mut inv = self.scripts.sell.prepare_invoke();
+        inv.key(self.keys.record(event, token))
+            .key(self.keys.account(event, &rec.account))
+            .key(self.keys.version(event));
+        self.seat_keys(&mut inv, event, rec);
+        inv.arg(token.to_string()).arg(rec.seats.len());
+        let mut conn = self.conn.clone();
+        self.run(inv.invoke_async(&mut conn)).await
+    }
+
+    /// The Redis view of every listed seat (available, held or sold) and the map version, read in one round
+    /// trip.
+    pub async fn seat_states(
+        &self,
+        event: EventId,
+        seats: &[SeatId],
+    ) -> Result<(Vec<SeatStatus>, MapVersion), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.get(self.keys.version(event));
+        for chunk in seats.chunks(1000) {
+            let keys: Vec<String> = chunk.iter().map(|&s| self.keys.seat(event, s)).collect();
+            pipe.cmd("MGET").arg(keys);
+        }
+        let mut conn = self.conn.clone();
+        let (version, chunks): (Option<u64>, Vec<Vec<Option<String>>>) = {
+            let mut reply: Vec<redis::Value> = self.run(pipe.query_async(&mut conn)).await?;
+            if reply.is_empty() {
+                return Err(StoreError::RedisReply("empty pipeline reply".into()));
+            }
+            let bad = |e: redis::ParsingError| StoreError::RedisReply(e.to_string());
+            let version = redis::from_redis_value(reply.remove(0)).map_err(bad)?;
+            let chunks = reply.into_iter().map(redis::from_redis_value).collect::<Result<_, _>>().map_err(bad)?;
+            (version, chunks)
+        };
+        let states = chunks
+            .into_iter()
+            .flatten()
+            .map(|v| match v.as_deref() {
+                None => SeatStatus::Available,
+                Some(SOLD) => SeatStatus::Sold,
+                Some(_) => SeatStatus::Held,
+            })
+            .collect();
+        Ok((states, version.unwrap_or(0)))
+    }
+
+    /// Round trip to Redis, for readiness.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let _: String = self.run(redis::cmd("PING").query_async(&mut conn)).await?;
+        Ok(())
+    }
+
+    fn seat_keys(&self, inv: &mut redis::ScriptInvocation<'_>, event: EventId, rec: &HoldRecord) {
+        for &seat in &rec.seats {
+            inv.key(self.keys.seat(event, seat));
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// Decodes the shared reply shape of release, extend and verify.
+fn decode_check(script: &str, reply: &[i64], ok: impl Fn(i64) -> HoldCheck) -> Result<HoldCheck, StoreError> {
+    match reply {
+        [1, v] => Ok(ok(*v)),
+        [0, 0] => Ok(HoldCheck::Lost { index: None }),
+        [0, i] if *i > 0 => Ok(HoldCheck::Lost { index: Some(*i as usize - 1) }),
+        [-1] => Ok(HoldCheck::NotYours),
+        [-2] => Ok(HoldCheck::NotFound),
+        // The record's seat list never changes after it is written, so -3 means a token collision or
+        // tampering: report it rather than guess.
+        other => Err(StoreError::RedisReply(format!("{script}: {other:?}"))),
+    }
+}

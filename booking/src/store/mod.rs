@@ -1,0 +1,43 @@
+//! The only code that touches Postgres or Redis: one typed function per query or Lua script.
+
+pub mod catalogues;
+pub mod holds;
+pub mod orders;
+
+use std::time::Duration;
+
+/// A store did not answer, or answered with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis did not answer within {0:?}")]
+    RedisTimeout(Duration),
+    #[error("redis returned an unexpected reply: {0}")]
+    RedisReply(String),
+    #[error("postgres: {0}")]
+    Postgres(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    /// True when the store is down or overloaded (the client may retry), rather than a bug of ours.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
+            StoreError::RedisTimeout(_) => true,
+            StoreError::RedisReply(_) => false,
+            StoreError::Postgres(e) => matches!(
+                e,
+                sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_)
+            ),
+        }
+    }
+
+    /// Which store failed, for error codes and logs.
+    pub fn store(&self) -> &'static str {
+        match self {
+            StoreError::Postgres(_) => "postgres",
+            _ => "redis",
+        }
+    }
+}

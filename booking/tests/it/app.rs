@@ -1,0 +1,293 @@
+//! `TestApp`: a real booking server on an ephemeral port, over a fresh migrated database (from
+//! `#[sqlx::test]`) and the stack's real Redis under a key prefix of its own. One method per endpoint.
+
+use std::time::Duration;
+
+use booking::config::{Cli, Command};
+use booking::http::{self, AppState};
+use clap::Parser;
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokens::{AccountId, AdmissionClaims, Keyring, unix_now};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+pub const KEYS: &str = "test1:integration-test-admission-secret-0001";
+pub const OTHER_KEYS: &str = "test1:some-other-secret-that-nobody-trusts-02";
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub body: Value,
+    pub headers: reqwest::header::HeaderMap,
+}
+
+impl Resp {
+    pub fn code(&self) -> &str {
+        self.body["error"].as_str().unwrap_or("")
+    }
+    pub fn str(&self, field: &str) -> String {
+        self.body[field].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub pool: PgPool,
+    pub redis: redis::aio::MultiplexedConnection,
+    pub prefix: String,
+    pub event: i64,
+    pub ring: Keyring,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| {
+        panic!("REDIS_URL is not set: run the tests with `deploy/test`, which starts Postgres and Redis")
+    })
+}
+
+impl TestApp {
+    /// A server with default settings over a 400-seat venue.
+    pub async fn spawn(pool: PgPool) -> Self {
+        Self::spawn_with(pool, &[]).await
+    }
+
+    /// A server with extra `booking serve` flags (e.g. `["--hold-ttl-ms", "1000"]`).
+    pub async fn spawn_with(pool: PgPool, extra: &[&str]) -> Self {
+        let seeded = booking::seed::seed(
+            &pool,
+            &booking::seed::SeedOptions { seats: 400, sponsor_seats: 50, ..Default::default() },
+        )
+        .await
+        .expect("seed");
+        let prefix = format!("test-{}:", Uuid::new_v4().simple());
+        let url = redis_url();
+        let mut args = vec![
+            "booking",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            "postgres://unused-the-pool-is-given",
+            "--redis-url",
+            &url,
+            "--redis-key-prefix",
+            &prefix,
+            "--admission-keys",
+            KEYS,
+        ];
+        args.extend_from_slice(extra);
+        let Command::Serve(cfg) = Cli::try_parse_from(args).expect("config").command else {
+            unreachable!("serve was asked for")
+        };
+        let state = AppState::build(&cfg, pool.clone()).await.expect("state");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let (tx, rx) = oneshot::channel::<()>();
+        let server = tokio::spawn(http::serve(listener, state, async {
+            let _ = rx.await;
+        }));
+        let redis = redis::Client::open(url.as_str())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("Redis is not answering: run the tests with `deploy/test`");
+        Self {
+            base,
+            client: reqwest::Client::new(),
+            pool,
+            redis,
+            prefix,
+            event: seeded.event_id,
+            ring: Keyring::parse(KEYS).expect("keys"),
+            shutdown: Some(tx),
+            server: Some(server),
+        }
+    }
+
+    /// Stops the server (awaiting it) and deletes this test's Redis keys.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.await.expect("server task").expect("server");
+        }
+        self.forget_redis().await;
+    }
+
+    /// Deletes every Redis key of this test: what a FLUSHALL, restart or failover does to the event.
+    pub async fn forget_redis(&mut self) {
+        let keys: Vec<String> = self.redis.keys(format!("{}*", self.prefix)).await.expect("KEYS");
+        if !keys.is_empty() {
+            let _: () = self.redis.del(keys).await.expect("DEL");
+        }
+    }
+
+    pub async fn redis_keys(&mut self) -> Vec<String> {
+        self.redis.keys(format!("{}*", self.prefix)).await.expect("KEYS")
+    }
+
+    /// The Redis value of a seat key (hold token, "sold", or none).
+    pub async fn seat_value(&mut self, seat: i64) -> Option<String> {
+        let key = format!("{}hold:{{ev{}}}:seat:{seat}", self.prefix, self.event);
+        self.redis.get(key).await.expect("GET")
+    }
+
+    /// An admission proof for `account` to this app's event.
+    pub fn proof(&self, account: &str) -> String {
+        self.proof_for(account, self.event)
+    }
+
+    pub fn proof_for(&self, account: &str, event: i64) -> String {
+        let claims = AdmissionClaims::new(AccountId::parse(account).expect("account"), event, unix_now(), 600);
+        self.ring.sign(&claims)
+    }
+
+    /// Seats on sale for the app's event, in map order.
+    pub async fn seats_on_sale(&self) -> Vec<i64> {
+        sqlx::query_scalar("SELECT seat_id FROM seat_allocations WHERE event_id = $1 ORDER BY seat_id")
+            .bind(self.event)
+            .fetch_all(&self.pool)
+            .await
+            .expect("allocations")
+    }
+
+    /// Seats of the venue held back (no allocation for the event).
+    pub async fn held_back_seats(&self) -> Vec<i64> {
+        sqlx::query_scalar(
+            "SELECT s.id FROM seats s JOIN sections sec ON sec.id = s.section_id
+             JOIN events e ON e.venue_id = sec.venue_id AND e.id = $1
+             WHERE NOT EXISTS (SELECT 1 FROM seat_allocations a WHERE a.event_id = e.id AND a.seat_id = s.id)
+             ORDER BY s.id",
+        )
+        .bind(self.event)
+        .fetch_all(&self.pool)
+        .await
+        .expect("held back")
+    }
+
+    pub async fn send(&self, req: reqwest::RequestBuilder) -> Resp {
+        let res = req.send().await.expect("request reached the server");
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let bytes = res.bytes().await.expect("body");
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| panic!("status {status}: body is not JSON: {}", String::from_utf8_lossy(&bytes)));
+        Resp { status, body, headers }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub async fn get_event(&self, account: &str) -> Resp {
+        self.send(self.client.get(self.url(&format!("/events/{}", self.event))).bearer_auth(self.proof(account))).await
+    }
+
+    pub async fn seat_map(&self, account: &str) -> Resp {
+        let url = self.url(&format!("/events/{}/seats", self.event));
+        self.send(self.client.get(url).bearer_auth(self.proof(account))).await
+    }
+
+    pub async fn hold(&self, account: &str, seats: &[i64]) -> Resp {
+        let url = self.url(&format!("/events/{}/holds", self.event));
+        self.send(self.client.post(url).bearer_auth(self.proof(account)).json(&json!({ "seat_ids": seats }))).await
+    }
+
+    /// `hold` with owned arguments, for building many futures at once.
+    pub async fn hold_owned(&self, account: String, seats: Vec<i64>) -> Resp {
+        self.hold(&account, &seats).await
+    }
+
+    pub async fn release(&self, account: &str, hold_token: &str) -> Resp {
+        let url = self.url(&format!("/events/{}/holds/{hold_token}", self.event));
+        self.send(self.client.delete(url).bearer_auth(self.proof(account))).await
+    }
+
+    pub async fn extend(&self, account: &str, hold_token: &str) -> Resp {
+        let url = self.url(&format!("/events/{}/holds/{hold_token}/extend", self.event));
+        self.send(self.client.post(url).bearer_auth(self.proof(account))).await
+    }
+
+    pub async fn checkout(&self, account: &str, hold_token: &str, key: &str) -> Resp {
+        let url = self.url(&format!("/events/{}/orders", self.event));
+        let req = self
+            .client
+            .post(url)
+            .bearer_auth(self.proof(account))
+            .header("Idempotency-Key", key)
+            .json(&json!({ "hold_token": hold_token }));
+        self.send(req).await
+    }
+
+    /// Active order rows holding `seat` for this event.
+    pub async fn active_orders_for_seat(&self, seat: i64) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM order_seats WHERE event_id = $1 AND seat_id = $2 AND active")
+            .bind(self.event)
+            .bind(seat)
+            .fetch_one(&self.pool)
+            .await
+            .expect("count")
+    }
+
+    pub async fn order_count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(&self.pool).await.expect("count")
+    }
+
+    /// The promises the database must keep whatever happened: at most one active order per (event, seat);
+    /// every order's total is the sum of its seats; every seat was priced from its allocation.
+    pub async fn assert_invariants(&self) {
+        let doubles: Vec<(i64, i64, i64)> = sqlx::query_as(
+            "SELECT event_id, seat_id, count(*) FROM order_seats WHERE active
+             GROUP BY event_id, seat_id HAVING count(*) > 1",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("doubles");
+        assert!(doubles.is_empty(), "seats sold twice: {doubles:?}");
+        let bad_totals: Vec<(Uuid, i64, i64)> = sqlx::query_as(
+            "SELECT o.id, o.total_cents, coalesce(sum(os.price_cents), 0)::bigint FROM orders o
+             LEFT JOIN order_seats os ON os.order_id = o.id
+             GROUP BY o.id HAVING o.total_cents <> coalesce(sum(os.price_cents), 0)",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("totals");
+        assert!(bad_totals.is_empty(), "orders whose total is not the sum of their seats: {bad_totals:?}");
+        let mispriced: Vec<(Uuid, i64)> = sqlx::query_as(
+            "SELECT os.order_id, os.seat_id FROM order_seats os
+             JOIN seat_allocations a ON a.event_id = os.event_id AND a.seat_id = os.seat_id
+             JOIN ticket_types t ON t.id = a.ticket_type_id
+             WHERE os.price_cents <> t.price_cents",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("prices");
+        assert!(mispriced.is_empty(), "seats not priced from their allocation: {mispriced:?}");
+        let empty: Vec<(Uuid,)> = sqlx::query_as(
+            "SELECT o.id FROM orders o WHERE NOT EXISTS (SELECT 1 FROM order_seats os WHERE os.order_id = o.id)",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("empty orders");
+        assert!(empty.is_empty(), "orders without seats: {empty:?}");
+    }
+}
+
+/// Waits (bounded) until `hold` of `seats` by `account` succeeds, e.g. after another hold expired.
+pub async fn hold_when_free(app: &TestApp, account: &str, seats: &[i64], within: Duration) -> Resp {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let r = app.hold(account, seats).await;
+        if r.status != 409 || tokio::time::Instant::now() >= deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

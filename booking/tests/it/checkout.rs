@@ -1,0 +1,261 @@
+//! Checkout: one order per hold, the database decides, all or nothing, idempotent retries.
+
+use std::collections::HashSet;
+
+use futures::future::join_all;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::app::TestApp;
+
+#[sqlx::test(migrations = "../migrations")]
+async fn fifty_concurrent_checkouts_of_one_hold_make_one_order(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let hold = app.hold("fan-a", &seats[..2]).await;
+    assert_eq!(hold.status, 201);
+    let token = hold.str("hold_token");
+    // Half retry under one key (a client retrying), half under keys of their own (tabs racing).
+    let keys: Vec<String> =
+        (0..50).map(|i| if i % 2 == 0 { "same-key".to_owned() } else { format!("key-{i}") }).collect();
+    let responses = join_all(keys.iter().map(|k| app.checkout("fan-a", &token, k))).await;
+    let statuses: Vec<u16> = responses.iter().map(|r| r.status).collect();
+    assert!(statuses.iter().all(|&s| s == 201 || s == 409), "statuses: {statuses:?}");
+    let orders: HashSet<String> = responses.iter().filter(|r| r.status == 201).map(|r| r.str("order_id")).collect();
+    assert_eq!(orders.len(), 1, "every 201 is the same order: {orders:?}");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE hold_token = $1::uuid")
+        .bind(&token)
+        .fetch_one(&app.pool)
+        .await
+        .expect("count");
+    assert_eq!(rows, 1);
+    for r in responses.iter().filter(|r| r.status == 409) {
+        assert!(
+            ["hold_already_checked_out", "hold_expired", "request_in_flight", "seat_sold"].contains(&r.code()),
+            "unexpected refusal {}",
+            r.body
+        );
+    }
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn an_expired_hold_resells_and_its_stale_token_is_refused(pool: PgPool) {
+    let app = TestApp::spawn_with(pool, &["--hold-ttl-ms", "500"]).await;
+    let seat = app.seats_on_sale().await[0];
+    let a = app.hold("fan-a", &[seat]).await;
+    let b = crate::app::hold_when_free(&app, "fan-b", &[seat], std::time::Duration::from_secs(5)).await;
+    assert_eq!(b.status, 201, "the seat resells after expiry: {}", b.body);
+    assert_eq!(app.checkout("fan-b", &b.str("hold_token"), "b").await.status, 201);
+    let late = app.checkout("fan-a", &a.str("hold_token"), "a").await;
+    assert_eq!((late.status, late.code()), (409, "hold_expired"));
+    assert_eq!(app.active_orders_for_seat(seat).await, 1);
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn when_redis_forgets_a_sale_the_database_still_refuses_a_second_one(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[5];
+    let a = app.hold("fan-a", &[seat]).await;
+    assert_eq!(app.checkout("fan-a", &a.str("hold_token"), "a").await.status, 201);
+    assert_eq!(app.seat_value(seat).await.as_deref(), Some("sold"), "the sale is marked in Redis");
+
+    // Redis loses everything (flush, restart without persistence, failover to a stale replica).
+    app.forget_redis().await;
+    let b = app.hold("fan-b", &[seat]).await;
+    assert_eq!(b.status, 201, "Redis no longer knows the seat was sold");
+    let second = app.checkout("fan-b", &b.str("hold_token"), "b").await;
+    assert_eq!((second.status, second.code()), (409, "seat_sold"), "{}", second.body);
+    assert_eq!(second.body["seat_id"], seat);
+    assert!(second.str("label").contains("Seat"), "{}", second.body);
+    assert_eq!(app.active_orders_for_seat(seat).await, 1);
+
+    // The map also trusts Postgres over Redis.
+    let map = app.seat_map("fan-c").await;
+    let entry = map.body["seats"].as_array().expect("seats").iter().find(|s| s["seat_id"] == seat).cloned();
+    assert_eq!(entry.expect("seat")["status"], "sold");
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn redis_flushed_mid_sale_with_racing_buyers_sells_each_seat_once(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let contested = &seats[10..20];
+    // Twenty buyers hold, Redis is flushed, twenty more hold the same seats, then all forty check out at once.
+    let first =
+        join_all(contested.iter().enumerate().map(|(i, &s)| app.hold_owned(format!("early-{i}"), vec![s]))).await;
+    app.forget_redis().await;
+    let second =
+        join_all(contested.iter().enumerate().map(|(i, &s)| app.hold_owned(format!("late-{i}"), vec![s]))).await;
+    assert!(first.iter().chain(&second).all(|r| r.status == 201));
+    let attempts: Vec<(String, String)> = first
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("early-{i}"), r.str("hold_token")))
+        .chain(second.iter().enumerate().map(|(i, r)| (format!("late-{i}"), r.str("hold_token"))))
+        .collect();
+    let responses = join_all(attempts.iter().map(|(acct, tok)| app.checkout(acct, tok, "k"))).await;
+    assert!(responses.iter().all(|r| r.status == 201 || r.status == 409), "no 5xx");
+    assert_eq!(responses.iter().filter(|r| r.status == 201).count(), contested.len(), "each seat sold once");
+    for &seat in contested {
+        assert_eq!(app.active_orders_for_seat(seat).await, 1);
+    }
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_basket_with_one_seat_sold_meanwhile_is_refused_whole(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let (s1, s2) = (seats[0], seats[1]);
+    let hold = app.hold("fan-a", &[s1, s2]).await;
+    assert_eq!(hold.status, 201);
+    // Between the Redis gate and Postgres, s2 is sold by a path Redis never saw (e.g. another region's node
+    // before a failover). Write that sale straight into the database.
+    let other = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO orders (id, event_id, account_id, status, hold_token, total_cents, currency, payment_due_at)
+         SELECT $1, $2, 'fan-z', 'paid', $3, t.price_cents, 'EUR', now()
+         FROM seat_allocations a JOIN ticket_types t ON t.id = a.ticket_type_id WHERE a.event_id = $2 AND a.seat_id = $4",
+    )
+    .bind(other)
+    .bind(app.event)
+    .bind(Uuid::new_v4())
+    .bind(s2)
+    .execute(&app.pool)
+    .await
+    .expect("competing order");
+    sqlx::query(
+        "INSERT INTO order_seats (order_id, event_id, seat_id, ticket_type_id, price_cents)
+         SELECT $1, a.event_id, a.seat_id, a.ticket_type_id, t.price_cents
+         FROM seat_allocations a JOIN ticket_types t ON t.id = a.ticket_type_id WHERE a.event_id = $2 AND a.seat_id = $3",
+    )
+    .bind(other)
+    .bind(app.event)
+    .bind(s2)
+    .execute(&app.pool)
+    .await
+    .expect("competing seat");
+
+    let r = app.checkout("fan-a", &hold.str("hold_token"), "a").await;
+    assert_eq!((r.status, r.code()), (409, "seat_sold"), "{}", r.body);
+    assert_eq!(r.body["seat_id"], s2, "the refusal names the seat that went");
+    let mine: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE account_id = 'fan-a'")
+        .fetch_one(&app.pool)
+        .await
+        .expect("count");
+    assert_eq!(mine, 0, "no partial order");
+    assert_eq!(app.active_orders_for_seat(s1).await, 0, "the other seat was not sold");
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_same_idempotency_key_replays_the_same_answer(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let hold = app.hold("fan-a", &seats[..2]).await;
+    let token = hold.str("hold_token");
+    let first = app.checkout("fan-a", &token, "retry-me").await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert_eq!(first.body["total_cents"], hold.body["total_cents"]);
+    let again = app.checkout("fan-a", &token, "retry-me").await;
+    assert_eq!(again.status, 201);
+    assert_eq!(again.body, first.body, "the replay is the same answer");
+    assert_eq!(again.headers.get("idempotent-replayed").map(|v| v.as_bytes()), Some(&b"true"[..]));
+    assert_eq!(app.order_count().await, 1);
+
+    // A refusal is replayed too.
+    let stale = Uuid::new_v4().to_string();
+    let refused = app.checkout("fan-a", &stale, "refused-key").await;
+    assert_eq!((refused.status, refused.code()), (409, "hold_expired"));
+    let refused_again = app.checkout("fan-a", &stale, "refused-key").await;
+    assert_eq!(refused_again.body, refused.body);
+
+    // The same key for another request is refused, and writes nothing.
+    let other_hold = app.hold("fan-a", &seats[2..3]).await;
+    let reused = app.checkout("fan-a", &other_hold.str("hold_token"), "retry-me").await;
+    assert_eq!((reused.status, reused.code()), (422, "idempotency_key_reused"));
+    assert_eq!(app.order_count().await, 1);
+
+    // Keys belong to an account: another account's identical key is its own.
+    let b_hold = app.hold("fan-b", &seats[3..4]).await;
+    assert_eq!(app.checkout("fan-b", &b_hold.str("hold_token"), "retry-me").await.status, 201);
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_duplicate_while_the_first_is_in_flight_is_a_409(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[0];
+    let hold = app.hold("fan-a", &[seat]).await;
+    let token = hold.str("hold_token");
+    // The first request has claimed the key and not finished (its handler is mid-checkout).
+    sqlx::query(
+        "INSERT INTO idempotency_keys (account_id, key, fingerprint, state) VALUES ('fan-a', 'busy', $1, 'in_flight')",
+    )
+    .bind(format!("POST /events/{}/orders hold_token={token}", app.event))
+    .execute(&app.pool)
+    .await
+    .expect("claim");
+    let dup = app.checkout("fan-a", &token, "busy").await;
+    assert_eq!((dup.status, dup.code()), (409, "request_in_flight"), "{}", dup.body);
+    assert_eq!(app.order_count().await, 0);
+
+    // A claim abandoned by a crashed process is taken over after its lease.
+    sqlx::query("UPDATE idempotency_keys SET locked_at = now() - interval '1 minute' WHERE key = 'busy'")
+        .execute(&app.pool)
+        .await
+        .expect("age the claim");
+    let taken_over = app.checkout("fan-a", &token, "busy").await;
+    assert_eq!(taken_over.status, 201, "{}", taken_over.body);
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_account_cap_holds_at_checkout_too(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--max-seats-per-account", "2"]).await;
+    let seats = app.seats_on_sale().await;
+    let first = app.hold("fan-a", &seats[..2]).await;
+    assert_eq!(app.checkout("fan-a", &first.str("hold_token"), "1").await.status, 201);
+    // Redis forgets the purchase count; Postgres still counts.
+    app.forget_redis().await;
+    let second = app.hold("fan-a", &seats[2..3]).await;
+    assert_eq!(second.status, 201);
+    let over = app.checkout("fan-a", &second.str("hold_token"), "2").await;
+    assert_eq!((over.status, over.code()), (409, "account_limit_reached"), "{}", over.body);
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_refunded_seat_can_be_sold_again(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[0];
+    let a = app.hold("fan-a", &[seat]).await;
+    let order = app.checkout("fan-a", &a.str("hold_token"), "a").await;
+    assert_eq!(order.status, 201);
+    // Refund (the operator flow arrives with the order-lifecycle issue): status and seats leave the index.
+    sqlx::query("UPDATE orders SET status = 'refunded' WHERE id = $1::uuid")
+        .bind(order.str("order_id"))
+        .execute(&app.pool)
+        .await
+        .expect("refund");
+    sqlx::query("UPDATE order_seats SET active = false WHERE order_id = $1::uuid")
+        .bind(order.str("order_id"))
+        .execute(&app.pool)
+        .await
+        .expect("refund seats");
+    app.forget_redis().await;
+    let b = app.hold("fan-b", &[seat]).await;
+    assert_eq!(app.checkout("fan-b", &b.str("hold_token"), "b").await.status, 201);
+    assert_eq!(app.active_orders_for_seat(seat).await, 1);
+    app.assert_invariants().await;
+    app.stop().await;
+}

@@ -1,0 +1,253 @@
+//! Signed tokens shared by the gateway and booking.
+//!
+//! Two kinds exist. An **account token** is issued by the ticketing platform's login (or, for demos and tests,
+//! by the dev CLI) and says who the fan is. An **admission proof** is issued by the gateway when it admits a fan
+//! from the waiting room and says "this account may use event N until T"; booking serves only requests that
+//! carry one. Both are HS256 JWTs with a key id, checked locally with no network call.
+//!
+//! Keys live in a [`Keyring`]: the first key signs, every key verifies, so a key rotates by putting the new
+//! key first and keeping the old one until tokens signed with it have expired.
+
+use std::fmt;
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, decode, decode_header, encode};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+#[cfg(test)]
+mod tests;
+
+/// Audience of admission proofs: they are meant for booking.
+pub const ADMISSION_AUDIENCE: &str = "booking";
+/// Issuer of admission proofs: the waiting-room gateway.
+pub const ADMISSION_ISSUER: &str = "waiting-room";
+/// Audience of account tokens: they are presented to the waiting room.
+pub const ACCOUNT_AUDIENCE: &str = "waiting-room";
+/// Clock skew tolerated on `exp` and `nbf`, in seconds.
+pub const LEEWAY_SECONDS: u64 = 5;
+/// Tokens longer than this are refused before any parsing: no legitimate token comes near it.
+pub const MAX_TOKEN_BYTES: usize = 2048;
+/// Shortest secret accepted for HS256 (the hash output size).
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// An account id as the platform issues it: 1 to 64 characters of `A-Z a-z 0-9 . _ - @`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct AccountId(String);
+
+impl AccountId {
+    /// Parses an account id, refusing anything that could not be a key or a label.
+    pub fn parse(raw: &str) -> Result<Self, TokenError> {
+        let ok = !raw.is_empty()
+            && raw.len() <= 64
+            && raw.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@'));
+        if ok { Ok(Self(raw.to_owned())) } else { Err(TokenError::BadSubject) }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for AccountId {
+    type Error = TokenError;
+    fn try_from(raw: String) -> Result<Self, TokenError> {
+        Self::parse(&raw)
+    }
+}
+
+impl From<AccountId> for String {
+    fn from(id: AccountId) -> String {
+        id.0
+    }
+}
+
+impl fmt::Display for AccountId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Claims of an admission proof.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdmissionClaims {
+    /// The admitted account.
+    pub sub: AccountId,
+    /// The event the fan was admitted to; the proof is worthless for any other.
+    pub evt: i64,
+    pub aud: String,
+    pub iss: String,
+    /// Issued at, seconds since the Unix epoch.
+    pub iat: u64,
+    /// Expiry, seconds since the Unix epoch.
+    pub exp: u64,
+}
+
+impl AdmissionClaims {
+    /// An admission to `event` for `account`, valid for `ttl_seconds` from `now` (Unix seconds).
+    pub fn new(account: AccountId, event: i64, now: u64, ttl_seconds: u64) -> Self {
+        Self {
+            sub: account,
+            evt: event,
+            aud: ADMISSION_AUDIENCE.to_owned(),
+            iss: ADMISSION_ISSUER.to_owned(),
+            iat: now,
+            exp: now + ttl_seconds,
+        }
+    }
+}
+
+/// Claims of an account token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountClaims {
+    pub sub: AccountId,
+    pub aud: String,
+    pub iss: String,
+    pub iat: u64,
+    pub exp: u64,
+}
+
+/// Why a token was refused. Each variant maps to one stable error code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("the token is not a well-formed JWT")]
+    Malformed,
+    #[error("the token is larger than {MAX_TOKEN_BYTES} bytes")]
+    TooLarge,
+    #[error("the token names no key id, or one this service does not know")]
+    UnknownKey,
+    #[error("the token's algorithm is not HS256")]
+    WrongAlgorithm,
+    #[error("the token's signature does not match")]
+    BadSignature,
+    #[error("the token has expired")]
+    Expired,
+    #[error("the token is for another audience or issuer")]
+    WrongAudience,
+    #[error("the token's subject is not a valid account id")]
+    BadSubject,
+}
+
+impl TokenError {
+    /// The stable snake_case code for HTTP error bodies.
+    pub fn code(&self) -> &'static str {
+        match self {
+            TokenError::Expired => "token_expired",
+            _ => "token_invalid",
+        }
+    }
+}
+
+/// Why a keyring specification was refused (start-up only).
+#[derive(Debug, thiserror::Error)]
+pub enum KeyringError {
+    #[error("the keyring is empty; expected `kid:secret[,kid:secret...]`")]
+    Empty,
+    #[error("key entry {0} is not `kid:secret`")]
+    Entry(usize),
+    #[error("key `{0}` is shorter than {MIN_SECRET_BYTES} bytes")]
+    ShortSecret(String),
+    #[error("key id `{0}` appears twice")]
+    DuplicateKid(String),
+    #[error("key `{0}`: {1}")]
+    Key(String, String),
+}
+
+struct Key {
+    kid: String,
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+}
+
+/// HS256 keys by key id; the first one signs.
+pub struct Keyring {
+    keys: Vec<Key>,
+}
+
+impl fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kids: Vec<&str> = self.keys.iter().map(|k| k.kid.as_str()).collect();
+        f.debug_struct("Keyring").field("kids", &kids).finish_non_exhaustive()
+    }
+}
+
+impl Keyring {
+    /// Parses `kid:secret[,kid:secret...]`. The first key signs; all verify.
+    pub fn parse(spec: &str) -> Result<Self, KeyringError> {
+        let mut keys: Vec<Key> = Vec::new();
+        for (i, entry) in spec.split(',').map(str::trim).filter(|e| !e.is_empty()).enumerate() {
+            let (kid, secret) = entry.split_once(':').ok_or(KeyringError::Entry(i))?;
+            if kid.is_empty() {
+                return Err(KeyringError::Entry(i));
+            }
+            if secret.len() < MIN_SECRET_BYTES {
+                return Err(KeyringError::ShortSecret(kid.to_owned()));
+            }
+            if keys.iter().any(|k| k.kid == kid) {
+                return Err(KeyringError::DuplicateKid(kid.to_owned()));
+            }
+            let key_err = |e: jsonwebtoken::errors::Error| KeyringError::Key(kid.to_owned(), e.to_string());
+            keys.push(Key {
+                kid: kid.to_owned(),
+                encoding: EncodingKey::from_secret(secret.as_bytes()).map_err(key_err)?,
+                decoding: DecodingKey::from_secret(secret.as_bytes()).map_err(key_err)?,
+            });
+        }
+        if keys.is_empty() {
+            return Err(KeyringError::Empty);
+        }
+        Ok(Self { keys })
+    }
+
+    /// Signs `claims` with the first key, naming it in the header's `kid`.
+    pub fn sign<C: Serialize>(&self, claims: &C) -> String {
+        let key = &self.keys[0];
+        let header = Header { kid: Some(key.kid.clone()), ..Header::new(Algorithm::HS256) };
+        // HMAC signing of serialisable claims cannot fail: the key was accepted at parse time.
+        encode(&header, claims, &key.encoding).unwrap_or_default()
+    }
+
+    /// Verifies an admission proof: signature, `kid`, algorithm, `exp` (with leeway), audience and issuer.
+    pub fn verify_admission(&self, token: &str) -> Result<AdmissionClaims, TokenError> {
+        self.verify(token, ADMISSION_AUDIENCE, ADMISSION_ISSUER)
+    }
+
+    /// Verifies an account token from the platform whose issuer is `issuer`.
+    pub fn verify_account(&self, token: &str, issuer: &str) -> Result<AccountClaims, TokenError> {
+        self.verify(token, ACCOUNT_AUDIENCE, issuer)
+    }
+
+    fn verify<C: DeserializeOwned>(&self, token: &str, audience: &str, issuer: &str) -> Result<C, TokenError> {
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(TokenError::TooLarge);
+        }
+        let header = decode_header(token).map_err(|_| TokenError::Malformed)?;
+        // The algorithm is pinned: a token that asks for `none` or an asymmetric algorithm is refused before
+        // any key is consulted.
+        if header.alg != Algorithm::HS256 {
+            return Err(TokenError::WrongAlgorithm);
+        }
+        let kid = header.kid.ok_or(TokenError::UnknownKey)?;
+        let key = self.keys.iter().find(|k| k.kid == kid).ok_or(TokenError::UnknownKey)?;
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = LEEWAY_SECONDS;
+        validation.set_audience(&[audience]);
+        validation.set_issuer(&[issuer]);
+        validation.set_required_spec_claims(&["exp", "aud", "iss", "sub"]);
+        decode::<C>(token, &key.decoding, &validation).map(|data| data.claims).map_err(|e| {
+            use jsonwebtoken::errors::ErrorKind as K;
+            match e.kind() {
+                K::ExpiredSignature => TokenError::Expired,
+                K::InvalidSignature => TokenError::BadSignature,
+                K::InvalidAudience | K::InvalidIssuer => TokenError::WrongAudience,
+                K::InvalidAlgorithm => TokenError::WrongAlgorithm,
+                _ => TokenError::Malformed,
+            }
+        })
+    }
+}
+
+/// Seconds since the Unix epoch, by this machine's clock (token lifetimes only; business times come from the
+/// stores).
+pub fn unix_now() -> u64 {
+    jsonwebtoken::get_current_timestamp()
+}

@@ -1,0 +1,106 @@
+use super::*;
+
+const SECRET_A: &str = "a-very-long-development-secret-number-one";
+const SECRET_B: &str = "a-very-long-development-secret-number-two";
+
+fn ring(spec: &str) -> Keyring {
+    Keyring::parse(spec).expect("valid keyring")
+}
+
+fn account(id: &str) -> AccountId {
+    AccountId::parse(id).expect("valid account id")
+}
+
+fn check_refused(ring: &Keyring, token: &str, expected: TokenError) {
+    assert_eq!(ring.verify_admission(token).map(|_| ()), Err(expected), "token {token}");
+}
+
+#[test]
+fn admission_round_trips() {
+    let ring = ring(&format!("k1:{SECRET_A}"));
+    let claims = AdmissionClaims::new(account("fan-1"), 42, unix_now(), 600);
+    let token = ring.sign(&claims);
+    assert_eq!(ring.verify_admission(&token), Ok(claims));
+}
+
+#[test]
+fn rotated_keys_verify_old_tokens_and_sign_with_the_new_one() {
+    let old = ring(&format!("k1:{SECRET_A}"));
+    let rotated = ring(&format!("k2:{SECRET_B},k1:{SECRET_A}"));
+    let claims = AdmissionClaims::new(account("fan-1"), 1, unix_now(), 600);
+    assert!(rotated.verify_admission(&old.sign(&claims)).is_ok());
+    check_refused(&old, &rotated.sign(&claims), TokenError::UnknownKey);
+}
+
+#[test]
+fn expired_beyond_leeway_is_refused_but_within_leeway_is_accepted() {
+    let ring = ring(&format!("k1:{SECRET_A}"));
+    let now = unix_now();
+    let mut claims = AdmissionClaims::new(account("fan-1"), 1, now - 100, 10);
+    check_refused(&ring, &ring.sign(&claims), TokenError::Expired);
+    claims.exp = now - 2;
+    assert!(ring.verify_admission(&ring.sign(&claims)).is_ok());
+}
+
+#[test]
+fn wrong_key_same_kid_is_a_bad_signature() {
+    let signer = ring(&format!("k1:{SECRET_B}"));
+    let verifier = ring(&format!("k1:{SECRET_A}"));
+    let token = signer.sign(&AdmissionClaims::new(account("fan-1"), 1, unix_now(), 60));
+    check_refused(&verifier, &token, TokenError::BadSignature);
+}
+
+#[test]
+fn alg_none_and_garbage_and_oversize_are_refused() {
+    let ring = ring(&format!("k1:{SECRET_A}"));
+    // {"alg":"none","kid":"k1"} . {"sub":"fan","evt":1,...} . (empty signature)
+    let none = "eyJhbGciOiJub25lIiwia2lkIjoiazEifQ.eyJzdWIiOiJmYW4iLCJldnQiOjEsImF1ZCI6ImJvb2tpbmciLCJpc3MiOiJ3YWl0aW5nLXJvb20iLCJpYXQiOjEsImV4cCI6OTk5OTk5OTk5OX0.";
+    assert!(ring.verify_admission(none).is_err());
+    check_refused(&ring, "not-a-jwt", TokenError::Malformed);
+    check_refused(&ring, &"a".repeat(MAX_TOKEN_BYTES + 1), TokenError::TooLarge);
+}
+
+#[test]
+fn tampered_payload_is_refused() {
+    let ring = ring(&format!("k1:{SECRET_A}"));
+    let token = ring.sign(&AdmissionClaims::new(account("fan-1"), 1, unix_now(), 60));
+    let other = ring.sign(&AdmissionClaims::new(account("fan-2"), 1, unix_now(), 60));
+    let mut parts: Vec<&str> = token.split('.').collect();
+    let other_payload = other.split('.').nth(1).expect("payload");
+    parts[1] = other_payload;
+    check_refused(&ring, &parts.join("."), TokenError::BadSignature);
+}
+
+#[test]
+fn account_token_is_not_an_admission_proof() {
+    let ring = ring(&format!("k1:{SECRET_A}"));
+    let now = unix_now();
+    let claims = AccountClaims {
+        sub: account("fan-1"),
+        aud: ACCOUNT_AUDIENCE.into(),
+        iss: "platform".into(),
+        iat: now,
+        exp: now + 60,
+    };
+    let token = ring.sign(&claims);
+    assert_eq!(ring.verify_account(&token, "platform"), Ok(claims));
+    assert!(ring.verify_admission(&token).is_err());
+    assert_eq!(ring.verify_account(&token, "elsewhere").map(|_| ()), Err(TokenError::WrongAudience));
+}
+
+#[test]
+fn keyring_refuses_short_duplicate_and_malformed_entries() {
+    assert!(matches!(Keyring::parse(""), Err(KeyringError::Empty)));
+    assert!(matches!(Keyring::parse("k1:short"), Err(KeyringError::ShortSecret(_))));
+    assert!(matches!(Keyring::parse(SECRET_A), Err(KeyringError::Entry(0))));
+    let dup = format!("k1:{SECRET_A},k1:{SECRET_B}");
+    assert!(matches!(Keyring::parse(&dup), Err(KeyringError::DuplicateKid(_))));
+}
+
+#[test]
+fn account_ids_are_validated() {
+    assert!(AccountId::parse("fan-00001@example.com").is_ok());
+    for bad in ["", "has space", "semi;colon", &"x".repeat(65), "emoji-🎟"] {
+        assert!(AccountId::parse(bad).is_err(), "{bad:?}");
+    }
+}
