@@ -54,9 +54,17 @@ CREATE TABLE seat_allocations (
     FOREIGN KEY (ticket_type_id, event_id) REFERENCES ticket_types (id, event_id)
 );
 
+-- Lets a seat (or a venue) be removed without scanning every event's allocations.
+CREATE INDEX seat_allocations_seat ON seat_allocations (seat_id);
+
+-- Hot path: no foreign key from orders or order_seats to a row every checkout of the event shares (events,
+-- ticket_types). Each such key takes a FOR KEY SHARE lock on that one row, and thousands of concurrent
+-- checkouts turn it into a multixact hot spot that costs several times the insert itself. Integrity still
+-- holds: every order seat references its (event, seat) allocation, which references the event and its
+-- ticket type, and orders are only written by checkout_order together with their seats.
 CREATE TABLE orders (
     id             uuid PRIMARY KEY,
-    event_id       bigint NOT NULL REFERENCES events (id),
+    event_id       bigint NOT NULL,
     account_id     text NOT NULL,
     status         text NOT NULL CHECK (status IN ('reserved', 'paid', 'cancelled', 'refunded')),
     -- One order per hold: a second checkout of the same hold, under any idempotency key, is refused here.
@@ -74,7 +82,8 @@ CREATE TABLE order_seats (
     order_id       uuid NOT NULL REFERENCES orders (id) ON DELETE CASCADE,
     event_id       bigint NOT NULL,
     seat_id        bigint NOT NULL,
-    ticket_type_id bigint NOT NULL REFERENCES ticket_types (id),
+    -- The ticket type at checkout (the allocation may change later; this is what was sold).
+    ticket_type_id bigint NOT NULL,
     -- The price at checkout, copied from the allocation's ticket type; never from the client.
     price_cents    bigint NOT NULL CHECK (price_cents >= 0),
     -- True while the order is reserved or paid. Kept in step with orders.status in the same transaction;
@@ -88,16 +97,22 @@ CREATE TABLE order_seats (
 -- The guarantee: at most one active order per (event, seat), whatever Redis says. A refunded or cancelled
 -- order's seats drop out of the index, so the seat can be sold again.
 CREATE UNIQUE INDEX order_seats_one_active_sale ON order_seats (event_id, seat_id) WHERE active;
+-- Every sale of a seat, active or not: serves the allocation foreign key and a seat's history.
+CREATE INDEX order_seats_event_seat ON order_seats (event_id, seat_id);
 
+-- The answer given to each (account, Idempotency-Key): a retry with the same key gets it again. A request in
+-- flight holds a transaction-scoped advisory lock on the key instead of a row, so a crash never leaves a key
+-- stuck: the lock dies with the connection.
 CREATE TABLE idempotency_keys (
     account_id      text NOT NULL,
     key             text NOT NULL,
     -- What the first request asked for; the same key with another request is refused.
     fingerprint     text NOT NULL,
-    state           text NOT NULL CHECK (state IN ('in_flight', 'done')),
-    response_status smallint,
+    response_status smallint NOT NULL,
+    -- A refusal's body; NULL when the answer is an order, which is rendered from order_id.
     response_body   jsonb,
-    locked_at       timestamptz NOT NULL DEFAULT now(),
+    order_id        uuid REFERENCES orders (id),
     created_at      timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (account_id, key)
+    PRIMARY KEY (account_id, key),
+    CHECK ((order_id IS NULL) <> (response_body IS NULL))
 );

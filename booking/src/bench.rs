@@ -1,6 +1,482 @@
-//! `booking bench`: placeholder replaced below.
+//! `booking bench`: holds and checkouts per second through booking, side by side with the same work done raw
+//! on the same machine — `redis-benchmark` running EVALSHA of the same acquire script, and `pgbench` running
+//! single-row INSERTs — and the ratios between them.
+//!
+//! It seeds a scratch event, starts its own `booking serve` child on a scratch port and key prefix, drives it
+//! with `wrk`, and removes the scratch event and keys at the end. Everything runs on loopback, each phase
+//! bounded by its duration.
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use secrecy::{ExposeSecret, SecretString};
+use sqlx::PgPool;
+use tokens::{AccountId, AdmissionClaims, Keyring, unix_now};
+
+use crate::domain::{EventId, HoldToken, SeatId};
+use crate::seed::{SeedOptions, seed};
+use crate::store::holds::{Acquired, HoldTimes, Holds, Keys};
+
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {}
-pub async fn run(_args: &BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not yet")
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub db: crate::config::DatabaseArgs,
+    /// Redis connection URL.
+    #[arg(long, env = "REDIS_URL", value_parser = secret)]
+    pub redis_url: SecretString,
+    /// Admission keyring (the child server verifies with it, the bench signs with it).
+    #[arg(long, env = "ADMISSION_KEYS", value_parser = secret)]
+    pub admission_keys: SecretString,
+    /// Seconds each measured phase runs.
+    #[arg(long, default_value_t = 8)]
+    pub seconds: u64,
+    /// Concurrent connections of wrk and redis-benchmark.
+    #[arg(long, default_value_t = 32)]
+    pub connections: u32,
+    /// Concurrent pgbench clients (its usual best on 2 cores is about 8).
+    #[arg(long, default_value_t = 8)]
+    pub pgbench_clients: u32,
+    /// Port of the scratch booking server (below 32768).
+    #[arg(long, default_value_t = 18090)]
+    pub port: u16,
+    /// Seats in the scratch venue; must exceed the holds made in one phase.
+    #[arg(long, default_value_t = 250_000)]
+    pub seats: u32,
+    /// Holds prepared (untimed) for the checkout phase.
+    #[arg(long, default_value_t = 30_000)]
+    pub checkout_holds: usize,
+}
+
+fn secret(raw: &str) -> Result<SecretString, String> {
+    Ok(SecretString::from(raw.to_owned()))
+}
+
+/// One measured figure.
+struct Figure {
+    what: &'static str,
+    per_second: f64,
+    note: String,
+}
+
+pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    for tool in ["wrk", "redis-benchmark", "pgbench"] {
+        which(tool).with_context(|| format!("`{tool}` is not installed (deploy/stack up installs it)"))?;
+    }
+    let pool = PgPool::connect(args.db.database_url.expose_secret()).await.context("connecting to Postgres")?;
+    crate::MIGRATOR.run(&pool).await?;
+    let ring = Keyring::parse(args.admission_keys.expose_secret()).context("ADMISSION_KEYS")?;
+    // One tag per run names its Redis keys and its accounts, so cleanup removes exactly what this run made.
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    let work = std::env::temp_dir().join(format!("booking-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+
+    eprintln!("bench: seeding a scratch event of {} seats", args.seats);
+    let seeded = seed(
+        &pool,
+        &SeedOptions { seats: args.seats, sponsor_seats: 0, event_name: "bench".into(), ..Default::default() },
+    )
+    .await?;
+    let event = EventId(seeded.event_id);
+    let outcome = measure(args, &pool, &ring, event, &tag, &work).await;
+
+    eprintln!("bench: cleaning up");
+    cleanup(&pool, args, event, &tag).await;
+    let _ = std::fs::remove_dir_all(&work);
+    let figures = outcome?;
+
+    println!();
+    println!("{:<58} {:>12}  notes", "measured on this machine, client included", "per second");
+    for f in &figures {
+        println!("{:<58} {:>12.0}  {}", f.what, f.per_second, f.note);
+    }
+    let holds = figures[0].per_second / figures[1].per_second;
+    let checkouts = figures[2].per_second / figures[3].per_second;
+    println!();
+    println!("holds through booking / raw EVALSHA      = {holds:.2}  (target >= 0.50)");
+    println!("checkouts through booking / pgbench      = {checkouts:.2}  (target >= 0.50)");
+    Ok(())
+}
+
+async fn measure(
+    args: &BenchArgs,
+    pool: &PgPool,
+    ring: &Keyring,
+    event: EventId,
+    tag: &str,
+    work: &std::path::Path,
+) -> anyhow::Result<Vec<Figure>> {
+    let prefix = &format!("bench-{tag}:");
+    let seat_ids: Vec<i64> =
+        sqlx::query_scalar("SELECT seat_id FROM seat_allocations WHERE event_id = $1 ORDER BY seat_id")
+            .bind(event.0)
+            .fetch_all(pool)
+            .await?;
+    let (first, last) = (seat_ids[0], seat_ids[seat_ids.len() - 1]);
+    anyhow::ensure!(last - first + 1 == seat_ids.len() as i64, "bench seats are not contiguous");
+
+    let mut server = ScratchServer::start(args, prefix)?;
+    server.wait_ready().await?;
+    let base = format!("http://127.0.0.1:{}", args.port);
+    // Warm the server's catalogue cache, so the first timed requests do not wait for the cold load.
+    let warm =
+        ring.sign(&AdmissionClaims::new(AccountId::parse(&format!("bench{tag}-warm"))?, event.0, unix_now(), 60));
+    warm_up(args.port, event, &warm).await?;
+    let mut figures = Vec::new();
+
+    // Phase 1: holds through booking. One seat per hold, every request a different seat, eight per account.
+    // The checkout phase uses the seats above the ones this may reach.
+    let hold_seats = seat_ids.len() - args.checkout_holds;
+    let proofs = work.join("proofs.txt");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&proofs)?);
+    for i in 0..hold_seats.div_ceil(8) {
+        let account = AccountId::parse(&format!("bench{tag}-h{i}"))?;
+        writeln!(file, "{}", ring.sign(&AdmissionClaims::new(account, event.0, unix_now(), 3600)))?;
+    }
+    file.flush()?;
+    drop(file);
+    let script = work.join("holds.lua");
+    std::fs::write(&script, include_str!("../bench/holds.lua"))?;
+    eprintln!("bench: holds through booking for {} s", args.seconds);
+    let out = wrk(
+        args,
+        &script,
+        &base,
+        &[&event.0.to_string(), &first.to_string(), &hold_seats.to_string(), &proofs.to_string_lossy()],
+    )?;
+    let granted = field(&out, "granted")?;
+    if granted as usize >= hold_seats {
+        eprintln!("bench: warning: every bench seat was held; raise --seats for a longer run");
+    }
+    figures.push(Figure {
+        what: "holds through booking (HTTP + JWT + EVALSHA), 201s",
+        per_second: granted / args.seconds as f64,
+        note: format!(
+            "wrk -c{}, p50 {} us, p99 {} us",
+            args.connections,
+            field(&out, "p50_us")?,
+            field(&out, "p99_us")?
+        ),
+    });
+
+    // Phase 2: the same script straight at Redis.
+    eprintln!("bench: redis-benchmark EVALSHA of lua/acquire_hold.lua");
+    figures.push(Figure {
+        what: "raw redis-benchmark EVALSHA acquire_hold.lua",
+        per_second: redis_benchmark(args).await?,
+        note: format!("redis-benchmark -c{}", args.connections),
+    });
+
+    // Phase 3: checkouts through booking, of holds prepared untimed (one seat each, one per account).
+    eprintln!("bench: preparing {} holds for the checkout phase", args.checkout_holds);
+    let holds_file = work.join("holds.txt");
+    prepare_holds(args, ring, event, tag, &seat_ids[hold_seats..], &holds_file).await?;
+    let script = work.join("checkouts.lua");
+    std::fs::write(&script, include_str!("../bench/checkouts.lua"))?;
+    eprintln!("bench: checkouts through booking for {} s", args.seconds);
+    let out = wrk(args, &script, &base, &[&event.0.to_string(), &holds_file.to_string_lossy()])?;
+    let created = field(&out, "created")?;
+    if created as usize >= args.checkout_holds {
+        eprintln!("bench: warning: every prepared hold was checked out; raise --checkout-holds");
+    }
+    figures.push(Figure {
+        what: "checkouts through booking (Redis verify + Postgres tx), 201s",
+        per_second: created / args.seconds as f64,
+        note: format!(
+            "wrk -c{}, p50 {} us, p99 {} us",
+            args.connections,
+            field(&out, "p50_us")?,
+            field(&out, "p99_us")?
+        ),
+    });
+    server.stop();
+
+    // Phase 4: pgbench, single-row INSERT into a table shaped like order_seats.
+    eprintln!("bench: pgbench single-row INSERT");
+    figures.push(Figure {
+        what: "raw pgbench single-row INSERT",
+        per_second: pgbench(args, pool, work).await?,
+        note: format!("pgbench -c{} (fsync on)", args.pgbench_clients),
+    });
+    Ok(figures)
+}
+
+/// The child `booking serve` under test.
+struct ScratchServer {
+    child: Option<Child>,
+    port: u16,
+}
+
+impl ScratchServer {
+    fn start(args: &BenchArgs, prefix: &str) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let child = Command::new(exe)
+            .args(["serve", "--listen", &format!("127.0.0.1:{}", args.port), "--redis-key-prefix", prefix])
+            .args(["--hold-ttl-ms", "600000", "--database-pool-size", "16"])
+            .env("DATABASE_URL", args.db.database_url.expose_secret())
+            .env("REDIS_URL", args.redis_url.expose_secret())
+            .env("ADMISSION_KEYS", args.admission_keys.expose_secret())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting the scratch booking server")?;
+        Ok(Self { child: Some(child), port: args.port })
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("the scratch booking server exited: {status}");
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_ok() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("the scratch booking server did not listen on port {} within 15 s", self.port)
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGINT lets it drain; it exits within a second or two.
+            let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for ScratchServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One `GET /events/{id}` over a raw socket (booking has no HTTP client dependency), answered 200.
+async fn warm_up(port: u16, event: EventId, proof: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let req = format!(
+        "GET /events/{event} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {proof}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(req.as_bytes()).await?;
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut reply)).await??;
+    let head = String::from_utf8_lossy(&reply[..reply.len().min(64)]).into_owned();
+    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "warm-up request refused: {head}");
+    Ok(())
+}
+
+fn which(tool: &str) -> anyhow::Result<()> {
+    let ok = Command::new("sh").args(["-c", &format!("command -v {tool}")]).stdout(Stdio::null()).status()?.success();
+    if ok { Ok(()) } else { bail!("not found") }
+}
+
+fn wrk(args: &BenchArgs, script: &std::path::Path, base: &str, script_args: &[&str]) -> anyhow::Result<String> {
+    let threads = 2;
+    let out = Command::new("wrk")
+        .args(["-t", &threads.to_string(), "-c", &args.connections.to_string(), "-d", &format!("{}s", args.seconds)])
+        .args(["--latency", "-s"])
+        .arg(script)
+        .arg(base)
+        .arg("--")
+        .args(script_args)
+        .env("WRK_THREADS", threads.to_string())
+        .output()
+        .context("running wrk")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() || !text.contains("BENCH ") {
+        bail!("wrk failed: {}{}", text, String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(text)
+}
+
+/// Reads `name=<number>` from the `BENCH` line a wrk script prints.
+fn field(out: &str, name: &str) -> anyhow::Result<f64> {
+    out.lines()
+        .filter(|l| l.starts_with("BENCH "))
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")).and_then(|v| v.parse().ok()))
+        .with_context(|| format!("no {name} in wrk output: {out}"))
+}
+
+fn redis_port(args: &BenchArgs) -> anyhow::Result<(String, u16)> {
+    let url = args.redis_url.expose_secret();
+    let rest = url.strip_prefix("redis://").context("REDIS_URL must be redis://host:port/")?;
+    let hostport = rest.split(['/', '?']).next().unwrap_or(rest);
+    let hostport = hostport.rsplit('@').next().unwrap_or(hostport);
+    let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "6379"));
+    Ok((host.to_owned(), port.parse().context("REDIS_URL port")?))
+}
+
+/// redis-benchmark sending EVALSHA of the acquire script with fresh random keys per call (so, like the holds
+/// through booking, almost every call grants), against a scratch database that is flushed afterwards.
+async fn redis_benchmark(args: &BenchArgs) -> anyhow::Result<f64> {
+    let (host, port) = redis_port(args)?;
+    let client = redis::Client::open(args.redis_url.expose_secret())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let source = include_str!("../../lua/acquire_hold.lua");
+    let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(source).query_async(&mut conn).await?;
+    let requests = (args.seconds * 40_000).to_string();
+    let out = Command::new("redis-benchmark")
+        .args(["-h", &host, "-p", &port.to_string(), "-c", &args.connections.to_string(), "-n", &requests])
+        .args(["-r", "1000000000", "--dbnum", "9", "-q"])
+        .args(["EVALSHA", &sha, "4"])
+        .args(["bench:{evB}:token:__rand_int__", "bench:{evB}:account:__rand_int__", "bench:{evB}:version"])
+        .args(["bench:{evB}:seat:__rand_int__", "token", "account", "600000", "8", "3600000", "1"])
+        .output()
+        .context("running redis-benchmark")?;
+    let _: () = redis::cmd("SELECT").arg(9).query_async(&mut conn).await?;
+    let _: () = redis::cmd("FLUSHDB").arg("ASYNC").query_async(&mut conn).await?;
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    text.lines()
+        .filter_map(|l| l.split_once(": ").map(|(_, r)| r))
+        .filter_map(|r| r.split(" requests per second").next())
+        .filter_map(|n| n.trim().parse::<f64>().ok())
+        .next_back()
+        .with_context(|| format!("no rate in redis-benchmark output: {text}"))
+}
+
+/// Holds for the checkout phase, made straight through the store (untimed), written as "<proof> <token>".
+async fn prepare_holds(
+    args: &BenchArgs,
+    ring: &Keyring,
+    event: EventId,
+    tag: &str,
+    seats: &[i64],
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let prefix = &format!("bench-{tag}:");
+    let conn = redis::Client::open(args.redis_url.expose_secret())?.get_connection_manager().await?;
+    let times = HoldTimes {
+        ttl: Duration::from_secs(600),
+        max_total: Duration::from_secs(1200),
+        record_retention: Duration::from_secs(3600),
+    };
+    let holds = Holds::new(conn, Keys::new(prefix)?, Duration::from_secs(5), times);
+    let lines: Vec<String> = futures::stream::iter(seats.iter().enumerate())
+        .map(|(i, &seat)| {
+            let holds = holds.clone();
+            // One fan, one basket, one checkout: as in a sale, no two checkouts of an account race.
+            let account = format!("bench{tag}-c{i}");
+            async move {
+                let token = HoldToken::new_random();
+                match holds.acquire(event, &account, token, &[SeatId(seat)], 8).await? {
+                    Acquired::Granted { .. } => {
+                        let claims = AdmissionClaims::new(AccountId::parse(&account)?, event.0, unix_now(), 3600);
+                        Ok::<_, anyhow::Error>(format!("{} {}", ring.sign(&claims), token))
+                    }
+                    other => bail!("could not prepare a hold on seat {seat}: {other:?}"),
+                }
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for line in lines {
+        writeln!(file, "{line}")?;
+    }
+    file.flush()?;
+    Ok(())
+}
+
+/// pgbench of a single-row INSERT into a scratch table shaped like `order_seats`.
+async fn pgbench(args: &BenchArgs, pool: &PgPool, work: &std::path::Path) -> anyhow::Result<f64> {
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS bench_insert (id bigserial PRIMARY KEY, event_id bigint NOT NULL,
+         seat_id bigint NOT NULL, account_id text NOT NULL, price_cents bigint NOT NULL,
+         created_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(pool)
+    .await?;
+    let script = work.join("insert.sql");
+    std::fs::write(
+        &script,
+        "\\set seat random(1, 1000000000)\n\
+         INSERT INTO bench_insert (event_id, seat_id, account_id, price_cents) VALUES (1, :seat, 'bench', 7500);\n",
+    )?;
+    let out = Command::new("pgbench")
+        .args(["-n", "-c", &args.pgbench_clients.to_string(), "-j", "2", "-T", &args.seconds.to_string(), "-f"])
+        .arg(&script)
+        .arg(args.db.database_url.expose_secret())
+        .output()
+        .context("running pgbench")?;
+    sqlx::query("DROP TABLE IF EXISTS bench_insert").execute(pool).await?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!("pgbench failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    }
+    text.lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l.trim_start_matches("tps = ").split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("no tps in pgbench output: {text}"))
+}
+
+/// Removes the scratch event (orders, allocations, venue) and its Redis keys.
+async fn cleanup(pool: &PgPool, args: &BenchArgs, event: EventId, tag: &str) {
+    let prefix = format!("bench-{tag}:");
+    let _ = sqlx::query("DELETE FROM idempotency_keys WHERE account_id LIKE $1")
+        .bind(format!("bench{tag}-%"))
+        .execute(pool)
+        .await;
+    for sql in ["DELETE FROM order_seats WHERE event_id = $1", "DELETE FROM orders WHERE event_id = $1"] {
+        if let Err(e) = sqlx::query(sql).bind(event.0).execute(pool).await {
+            eprintln!("bench: cleanup step failed ({sql}): {e}");
+        }
+    }
+    let venue: Option<i64> = sqlx::query_scalar("SELECT venue_id FROM events WHERE id = $1")
+        .bind(event.0)
+        .fetch_optional(pool)
+        .await
+        .ok()
+        .flatten();
+    let _ = sqlx::query("DELETE FROM events WHERE id = $1").bind(event.0).execute(pool).await;
+    if let Some(v) = venue {
+        let _ = sqlx::query("DELETE FROM seats WHERE section_id IN (SELECT id FROM sections WHERE venue_id = $1)")
+            .bind(v)
+            .execute(pool)
+            .await;
+        let _ = sqlx::query("DELETE FROM venues WHERE id = $1").bind(v).execute(pool).await;
+    }
+    if let Ok(client) = redis::Client::open(args.redis_url.expose_secret())
+        && let Ok(mut conn) = client.get_multiplexed_async_connection().await
+    {
+        let mut cursor: u64 = 0;
+        loop {
+            let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{prefix}*"))
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut conn)
+                .await
+            else {
+                break;
+            };
+            if !keys.is_empty() {
+                let _: redis::RedisResult<()> = redis::cmd("UNLINK").arg(keys).query_async(&mut conn).await;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
 }

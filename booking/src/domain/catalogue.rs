@@ -46,12 +46,14 @@ pub struct Catalogue {
     /// Seats in map order (section, row, number).
     seats: Vec<SeatInfo>,
     index: HashMap<SeatId, usize>,
+    /// The event's catalogue version when this copy was read.
+    pub version: i64,
 }
 
 impl Catalogue {
-    pub fn new(event: EventInfo, ticket_types: Vec<TicketType>, seats: Vec<SeatInfo>) -> Self {
+    pub fn new(event: EventInfo, ticket_types: Vec<TicketType>, seats: Vec<SeatInfo>, version: i64) -> Self {
         let index = seats.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
-        Self { event, ticket_types, seats, index }
+        Self { event, ticket_types, seats, index, version }
     }
 
     pub fn seat(&self, id: SeatId) -> Option<&SeatInfo> {

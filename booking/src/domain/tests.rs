@@ -23,7 +23,7 @@ fn catalogue(ids: &[i64]) -> Catalogue {
             price_cents: 1000,
         })
         .collect();
-    Catalogue::new(event, vec![], seats)
+    Catalogue::new(event, vec![], seats, 0)
 }
 
 #[test]

@@ -10,7 +10,6 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::store::StoreError;
-use crate::store::orders::CheckoutError;
 
 /// Error body of every non-2xx answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -103,16 +102,6 @@ impl From<StoreError> for ApiError {
             ApiError::unavailable(e.store())
         } else {
             ApiError::internal(&e)
-        }
-    }
-}
-
-impl From<CheckoutError> for ApiError {
-    fn from(e: CheckoutError) -> Self {
-        match e {
-            CheckoutError::Store(s) => s.into(),
-            // The handler names seats itself; these are the fallbacks without a label.
-            other => ApiError::conflict("checkout_refused", other.to_string()),
         }
     }
 }

@@ -19,8 +19,8 @@ use super::error::{ApiError, ApiJson, ApiPath};
 use super::events::catalogue;
 use super::holds::{PricedSeat, hold_expired, hold_not_yours, priced, seat_unavailable};
 use crate::domain::{Catalogue, EventId, HoldToken, SeatId};
-use crate::store::holds::HoldCheck;
-use crate::store::orders::{self, CheckoutError, Idempotency, NewOrder, Order, rfc3339};
+use crate::store::holds::{HoldCheck, HoldRecord};
+use crate::store::orders::{self, Answer, Checkout, CheckoutError, NewOrder, Order, Recorded, rfc3339};
 
 /// Longest accepted idempotency key.
 const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
@@ -113,68 +113,16 @@ pub async fn create_order(
     let cat = catalogue(&state, event_id).await?;
 
     let fingerprint = format!("POST /events/{event_id}/orders hold_token={token}");
-    match orders::claim_idempotency_key(&state.pool, account, key, &fingerprint).await? {
-        Idempotency::Fresh => {}
-        Idempotency::Replay { status, body } => {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-            let mut res = (status, Json(body)).into_response();
-            res.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
-            return Ok(res);
-        }
-        Idempotency::InFlight => {
-            return Err(ApiError::conflict(
-                "request_in_flight",
-                "a request with this Idempotency-Key is still being processed; retry shortly",
-            ));
-        }
-        Idempotency::Mismatch => {
-            return Err(ApiError::unprocessable(
-                "idempotency_key_reused",
-                "this Idempotency-Key was already used for a different request",
-            ));
-        }
-    }
+    let answer = Answers { state: &state, cat: &cat, event, account, key, fingerprint: &fingerprint };
 
-    match checkout(&state, &cat, event, account, token, key).await {
-        Ok(order) => Ok((StatusCode::CREATED, Json(order)).into_response()),
-        Err(e) if e.status.is_server_error() => {
-            // The client may retry: free the key so the retry is served, not refused as in flight.
-            if let Err(abandon) = orders::abandon_idempotency_key(&state.pool, account, key).await {
-                tracing::warn!(error = %abandon, "could not free an idempotency key");
-            }
-            Err(e)
-        }
-        Err(e) => {
-            if let Err(finish) =
-                orders::finish_idempotency_key(&state.pool, account, key, e.status.as_u16(), &e.body()).await
-            {
-                tracing::warn!(error = %finish, "could not record a refused checkout under its idempotency key");
-            }
-            Err(e)
-        }
-    }
-}
+    // Gate 1, Redis: the hold must be this account's and every seat still its own. A retry of a checkout that
+    // succeeded fails here (its seats are sold now) and is answered from its idempotency key.
+    let rec = match gate(&state, event, account, token).await {
+        Ok(rec) => rec,
+        Err(e) => return answer.refused(e).await,
+    };
 
-async fn checkout(
-    state: &AppState,
-    cat: &Catalogue,
-    event: EventId,
-    account: &str,
-    token: HoldToken,
-    key: &str,
-) -> Result<OrderView, ApiError> {
-    // Gate 1, Redis: the hold must be this account's and every seat still its own.
-    let rec = state.holds.record(event, token).await?.ok_or_else(hold_expired)?;
-    if rec.account != account {
-        return Err(hold_not_yours());
-    }
-    match state.holds.verify(event, account, token, &rec).await? {
-        HoldCheck::Live { .. } => {}
-        HoldCheck::NotYours => return Err(hold_not_yours()),
-        _ => return Err(hold_expired()),
-    }
-
-    // Gate 2, Postgres: the order and all its seats, or nothing.
+    // Gate 2, Postgres: idempotency, the account cap, the order and all its seats, or nothing.
     let new = NewOrder {
         event,
         account,
@@ -184,31 +132,29 @@ async fn checkout(
         payment_window_seconds: state.limits.payment_window_seconds,
         max_seats_per_account: state.limits.max_seats_per_account,
         idempotency_key: key,
+        fingerprint: &fingerprint,
     };
-    let render = |o: &Order| serde_json::to_value(view(o, cat)).unwrap_or_default();
-    let order = match orders::checkout(&state.pool, &new, render).await {
-        Ok(order) => order,
+    let max = state.limits.max_seats_per_account;
+    let order = match orders::checkout(&state.pool, &new).await {
+        Ok(Checkout::Created(order)) => order,
+        Ok(Checkout::Replay(previous)) => return Ok(answer.replay(previous)),
+        Ok(Checkout::InFlight) => return Err(in_flight()),
+        Ok(Checkout::Mismatch) => return Err(key_reused()),
+        Ok(Checkout::AccountCap { owned }) => return answer.refused(account_limit(max, owned)).await,
+        Ok(Checkout::NotOnSale(seat)) => return answer.refused(seat_unavailable(&cat, seat)).await,
         Err(CheckoutError::SeatSold(seat)) => {
             metrics::counter!("booking_checkouts_total", "outcome" => "seat_sold").increment(1);
             let label = cat.label(seat);
-            return Err(ApiError::conflict("seat_sold", format!("{label} was sold to someone else"))
+            let e = ApiError::conflict("seat_sold", format!("{label} was sold to someone else"))
                 .with("seat_id", seat.0)
-                .with("label", label));
+                .with("label", label);
+            return answer.refused(e).await;
         }
         Err(CheckoutError::HoldUsed) => {
-            return Err(ApiError::conflict("hold_already_checked_out", "this hold was already checked out"));
+            let e = ApiError::conflict("hold_already_checked_out", "this hold was already checked out");
+            return answer.refused(e).await;
         }
-        Err(CheckoutError::NotOnSale(seat)) => return Err(seat_unavailable(cat, seat)),
-        Err(CheckoutError::AccountCap { owned }) => {
-            let max = state.limits.max_seats_per_account;
-            return Err(ApiError::conflict(
-                "account_limit_reached",
-                format!("an account may buy at most {max} seats for this event; it has {owned}"),
-            )
-            .with("max", max)
-            .with("counted", owned));
-        }
-        Err(e) => return Err(e.into()),
+        Err(CheckoutError::Store(e)) => return Err(e.into()),
     };
     metrics::counter!("booking_checkouts_total", "outcome" => "created").increment(1);
 
@@ -217,5 +163,89 @@ async fn checkout(
     if let Err(e) = state.holds.sell(event, token, &rec).await {
         tracing::warn!(error = %e, "checkout committed but the seats were not marked sold in Redis");
     }
-    Ok(view(&order, cat))
+    Ok((StatusCode::CREATED, Json(view(&order, &cat))).into_response())
+}
+
+fn in_flight() -> ApiError {
+    ApiError::conflict(
+        "request_in_flight",
+        "a request with this Idempotency-Key is still being processed; retry shortly",
+    )
+}
+
+fn key_reused() -> ApiError {
+    ApiError::unprocessable("idempotency_key_reused", "this Idempotency-Key was already used for a different request")
+}
+
+fn account_limit(max: usize, owned: i64) -> ApiError {
+    ApiError::conflict(
+        "account_limit_reached",
+        format!("an account may buy at most {max} seats for this event; it has {owned}"),
+    )
+    .with("max", max)
+    .with("counted", owned)
+}
+
+/// Answers under one idempotency key: refusals are recorded so a retry gets the same answer, and a key that
+/// already answered is answered again.
+struct Answers<'a> {
+    state: &'a AppState,
+    cat: &'a Catalogue,
+    event: EventId,
+    account: &'a str,
+    key: &'a str,
+    fingerprint: &'a str,
+}
+
+impl Answers<'_> {
+    /// Sends a refusal, recording it under the key first; if the key already answered this request, sends
+    /// that answer instead. A server error is never recorded, so a retry is served anew.
+    async fn refused(&self, e: ApiError) -> Result<Response, ApiError> {
+        if e.status.is_server_error() {
+            return Err(e);
+        }
+        let recorded = orders::record_refusal(
+            &self.state.pool,
+            self.event,
+            self.account,
+            self.key,
+            self.fingerprint,
+            e.status.as_u16(),
+            &e.body(),
+        )
+        .await;
+        match recorded {
+            Ok(Recorded::Stored) => Err(e),
+            Ok(Recorded::Existing(previous)) => Ok(self.replay(previous)),
+            Ok(Recorded::Mismatch) => Err(key_reused()),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not record a refused checkout under its idempotency key");
+                Err(e)
+            }
+        }
+    }
+
+    fn replay(&self, previous: Answer) -> Response {
+        let mut res = match previous {
+            Answer::Order(order) => (StatusCode::CREATED, Json(view(&order, self.cat))).into_response(),
+            Answer::Refusal { status, body } => {
+                (StatusCode::from_u16(status).unwrap_or(StatusCode::CONFLICT), Json(body)).into_response()
+            }
+        };
+        res.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+        res
+    }
+}
+
+/// Gate 1: the hold exists, is this account's, and every seat still carries its token.
+async fn gate(state: &AppState, event: EventId, account: &str, token: HoldToken) -> Result<HoldRecord, ApiError> {
+    let rec = state.holds.record(event, token).await?.ok_or_else(hold_expired)?;
+    if rec.account != account {
+        return Err(hold_not_yours());
+    }
+    match state.holds.verify(event, account, token, &rec).await? {
+        HoldCheck::Live { .. } => Ok(rec),
+        HoldCheck::NotYours => Err(hold_not_yours()),
+        _ => Err(hold_expired()),
+    }
 }

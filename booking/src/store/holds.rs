@@ -175,7 +175,7 @@ impl Holds {
             [1, expires] => Ok(Acquired::Granted { expires_at_ms: *expires }),
             [0, i] if *i >= 1 && (*i as usize) <= seats.len() => Ok(Acquired::SeatTaken { index: *i as usize - 1 }),
             [-1, counted] => Ok(Acquired::AccountCap { counted: *counted }),
-            other => Err(StoreError::RedisReply(format!("acquire_hold: {other:?}"))),
+            other => Err(StoreError::Unexpected(format!("acquire_hold: {other:?}"))),
         }
     }
 
@@ -187,7 +187,7 @@ impl Holds {
             self.run(redis::cmd("HMGET").arg(&key).arg("account").arg("seats").query_async(&mut conn)).await?;
         match (account, seats) {
             (Some(account), Some(raw)) => {
-                let seats = split_seats(&raw).ok_or_else(|| StoreError::RedisReply(format!("seat list {raw:?}")))?;
+                let seats = split_seats(&raw).ok_or_else(|| StoreError::Unexpected(format!("seat list {raw:?}")))?;
                 Ok(Some(HoldRecord { account, seats, seats_raw: raw }))
             }
             _ => Ok(None),
@@ -281,9 +281,9 @@ impl Holds {
         let (version, chunks): (Option<u64>, Vec<Vec<Option<String>>>) = {
             let mut reply: Vec<redis::Value> = self.run(pipe.query_async(&mut conn)).await?;
             if reply.is_empty() {
-                return Err(StoreError::RedisReply("empty pipeline reply".into()));
+                return Err(StoreError::Unexpected("empty pipeline reply".into()));
             }
-            let bad = |e: redis::ParsingError| StoreError::RedisReply(e.to_string());
+            let bad = |e: redis::ParsingError| StoreError::Unexpected(e.to_string());
             let version = redis::from_redis_value(reply.remove(0)).map_err(bad)?;
             let chunks = reply.into_iter().map(redis::from_redis_value).collect::<Result<_, _>>().map_err(bad)?;
             (version, chunks)
@@ -328,6 +328,6 @@ fn decode_check(script: &str, reply: &[i64], ok: impl Fn(i64) -> HoldCheck) -> R
         [-2] => Ok(HoldCheck::NotFound),
         // The record's seat list never changes after it is written, so -3 means a token collision or
         // tampering: report it rather than guess.
-        other => Err(StoreError::RedisReply(format!("{script}: {other:?}"))),
+        other => Err(StoreError::Unexpected(format!("{script}: {other:?}"))),
     }
 }

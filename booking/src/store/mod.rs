@@ -13,8 +13,8 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("redis did not answer within {0:?}")]
     RedisTimeout(Duration),
-    #[error("redis returned an unexpected reply: {0}")]
-    RedisReply(String),
+    #[error("a store returned an unexpected reply: {0}")]
+    Unexpected(String),
     #[error("postgres: {0}")]
     Postgres(#[from] sqlx::Error),
 }
@@ -25,7 +25,7 @@ impl StoreError {
         match self {
             StoreError::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
             StoreError::RedisTimeout(_) => true,
-            StoreError::RedisReply(_) => false,
+            StoreError::Unexpected(_) => false,
             StoreError::Postgres(e) => matches!(
                 e,
                 sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_)

@@ -13,7 +13,7 @@ use crate::domain::{Catalogue, EventId, EventInfo, HoldToken, OrderId, SeatId, S
 /// Loads an event's catalogue; `None` if the event does not exist.
 pub async fn load_catalogue(pool: &PgPool, event: EventId) -> Result<Option<Catalogue>, StoreError> {
     let Some(row) = sqlx::query(
-        "SELECT e.name, v.name AS venue, e.starts_at, e.currency
+        "SELECT e.name, v.name AS venue, e.starts_at, e.currency, e.catalogue_version
          FROM events e JOIN venues v ON v.id = e.venue_id WHERE e.id = $1",
     )
     .bind(event.0)
@@ -23,6 +23,7 @@ pub async fn load_catalogue(pool: &PgPool, event: EventId) -> Result<Option<Cata
         return Ok(None);
     };
     let starts_at: OffsetDateTime = row.try_get("starts_at")?;
+    let version: i64 = row.try_get("catalogue_version")?;
     let info = EventInfo {
         id: event,
         name: row.try_get("name")?,
@@ -68,7 +69,16 @@ pub async fn load_catalogue(pool: &PgPool, event: EventId) -> Result<Option<Cata
         })
     })
     .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    Ok(Some(Catalogue::new(info, ticket_types, seats)))
+    Ok(Some(Catalogue::new(info, ticket_types, seats, version)))
+}
+
+/// The event's catalogue version (grows with every change of its allocations or ticket types); `None` if the
+/// event does not exist.
+pub async fn catalogue_version(pool: &PgPool, event: EventId) -> Result<Option<i64>, StoreError> {
+    Ok(sqlx::query_scalar("SELECT catalogue_version FROM events WHERE id = $1")
+        .bind(event.0)
+        .fetch_optional(pool)
+        .await?)
 }
 
 /// Seats of the event in an active (reserved or paid) order: sold, whatever Redis says.
@@ -86,111 +96,42 @@ pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// What an idempotency key already says about a request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Idempotency {
-    /// First use of the key: this request owns it now and must finish or abandon it.
-    Fresh,
-    /// The key answered before: replay this.
-    Replay { status: u16, body: serde_json::Value },
-    /// The first request with this key is still running.
+/// What an idempotency key answered before.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// The order the key created.
+    Order(Order),
+    /// A refusal, as it was sent.
+    Refusal { status: u16, body: serde_json::Value },
+}
+
+/// How Postgres settled a checkout that passed the Redis gate.
+#[derive(Debug)]
+pub enum Checkout {
+    Created(Order),
+    /// The key answered before: send this again.
+    Replay(Answer),
+    /// Another request with this key is running right now.
     InFlight,
     /// The key was used for a different request.
     Mismatch,
+    /// The account already has `owned` seats for the event; the basket would pass the cap.
+    AccountCap {
+        owned: i64,
+    },
+    /// A seat is no longer allocated to the event.
+    NotOnSale(SeatId),
 }
 
-/// How long an in-flight key may stay claimed before another request may take it over (the first request's
-/// process died between claiming and finishing).
-const IN_FLIGHT_TAKEOVER_SECONDS: f64 = 30.0;
-
-/// Claims `key` for `account`'s request `fingerprint`, or says what the key already holds.
-pub async fn claim_idempotency_key(
-    pool: &PgPool,
-    account: &str,
-    key: &str,
-    fingerprint: &str,
-) -> Result<Idempotency, StoreError> {
-    let claimed = sqlx::query(
-        "INSERT INTO idempotency_keys (account_id, key, fingerprint, state)
-         VALUES ($1, $2, $3, 'in_flight') ON CONFLICT DO NOTHING",
-    )
-    .bind(account)
-    .bind(key)
-    .bind(fingerprint)
-    .execute(pool)
-    .await?
-    .rows_affected();
-    if claimed == 1 {
-        return Ok(Idempotency::Fresh);
-    }
-    let row = sqlx::query(
-        "SELECT fingerprint, state, response_status, response_body, locked_at,
-                locked_at < now() - make_interval(secs => $3) AS stale
-         FROM idempotency_keys WHERE account_id = $1 AND key = $2",
-    )
-    .bind(account)
-    .bind(key)
-    .bind(IN_FLIGHT_TAKEOVER_SECONDS)
-    .fetch_optional(pool)
-    .await?;
-    // Abandoned between our insert and this read: the key is free again.
-    let Some(row) = row else { return Box::pin(claim_idempotency_key(pool, account, key, fingerprint)).await };
-    if row.try_get::<String, _>("fingerprint")? != fingerprint {
-        return Ok(Idempotency::Mismatch);
-    }
-    if row.try_get::<String, _>("state")? == "done" {
-        let status: i16 = row.try_get("response_status")?;
-        return Ok(Idempotency::Replay { status: status as u16, body: row.try_get("response_body")? });
-    }
-    if row.try_get::<bool, _>("stale")? {
-        let locked_at: OffsetDateTime = row.try_get("locked_at")?;
-        let taken = sqlx::query(
-            "UPDATE idempotency_keys SET locked_at = now()
-             WHERE account_id = $1 AND key = $2 AND state = 'in_flight' AND locked_at = $3",
-        )
-        .bind(account)
-        .bind(key)
-        .bind(locked_at)
-        .execute(pool)
-        .await?
-        .rows_affected();
-        if taken == 1 {
-            return Ok(Idempotency::Fresh);
-        }
-    }
-    Ok(Idempotency::InFlight)
-}
-
-/// Records the final answer for a claimed key (for answers that are not an order: those are recorded inside
-/// the checkout transaction).
-pub async fn finish_idempotency_key(
-    pool: &PgPool,
-    account: &str,
-    key: &str,
-    status: u16,
-    body: &serde_json::Value,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE idempotency_keys SET state = 'done', response_status = $3, response_body = $4
-         WHERE account_id = $1 AND key = $2",
-    )
-    .bind(account)
-    .bind(key)
-    .bind(status as i16)
-    .bind(body)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-/// Frees a claimed key after a failure the client may retry (a store was down).
-pub async fn abandon_idempotency_key(pool: &PgPool, account: &str, key: &str) -> Result<(), StoreError> {
-    sqlx::query("DELETE FROM idempotency_keys WHERE account_id = $1 AND key = $2 AND state = 'in_flight'")
-        .bind(account)
-        .bind(key)
-        .execute(pool)
-        .await?;
-    Ok(())
+/// Why Postgres refused a checkout with an error rather than an outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    #[error("seat {0} is already in an active order")]
+    SeatSold(SeatId),
+    #[error("this hold was already checked out")]
+    HoldUsed,
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// A checkout to write.
@@ -204,6 +145,7 @@ pub struct NewOrder<'a> {
     pub payment_window_seconds: u32,
     pub max_seats_per_account: usize,
     pub idempotency_key: &'a str,
+    pub fingerprint: &'a str,
 }
 
 /// A written order.
@@ -213,7 +155,7 @@ pub struct Order {
     pub event: EventId,
     pub status: String,
     pub hold: HoldToken,
-    /// (seat, ticket type, price) in basket order.
+    /// (seat, ticket type, price), by seat id.
     pub seats: Vec<(SeatId, i64, i64)>,
     pub total_cents: i64,
     pub currency: String,
@@ -221,133 +163,132 @@ pub struct Order {
     pub created_at: OffsetDateTime,
 }
 
-/// Why Postgres refused a checkout.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckoutError {
-    #[error("seat {0} is already in an active order")]
-    SeatSold(SeatId),
-    #[error("this hold was already checked out")]
-    HoldUsed,
-    #[error("seat {0} is no longer on sale for this event")]
-    NotOnSale(SeatId),
-    #[error("the account already has {owned} seats for this event")]
-    AccountCap { owned: i64 },
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-impl From<sqlx::Error> for CheckoutError {
-    fn from(e: sqlx::Error) -> Self {
-        CheckoutError::Store(StoreError::Postgres(e))
-    }
-}
-
-/// Writes the order and its seats in one transaction, pricing every seat from its allocation, and records
-/// `render(&order)` as the idempotency key's answer in the same transaction. Nothing is written unless the
-/// whole basket is.
-pub async fn checkout(
-    pool: &PgPool,
-    new: &NewOrder<'_>,
-    render: impl FnOnce(&Order) -> serde_json::Value,
-) -> Result<Order, CheckoutError> {
-    let mut tx = pool.begin().await?;
-    // Serialise checkouts of one account for one event, so the per-account cap cannot be raced.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, $2))")
-        .bind(new.account)
-        .bind(new.event.0)
-        .execute(&mut *tx)
-        .await?;
-    let owned: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM order_seats os JOIN orders o ON o.id = os.order_id
-         WHERE o.event_id = $1 AND o.account_id = $2 AND os.active",
-    )
-    .bind(new.event.0)
-    .bind(new.account)
-    .fetch_one(&mut *tx)
-    .await?;
-    if owned as usize + new.seats.len() > new.max_seats_per_account {
-        return Err(CheckoutError::AccountCap { owned });
-    }
-
-    let id = OrderId(Uuid::new_v4());
-    let inserted = sqlx::query(
-        "INSERT INTO orders (id, event_id, account_id, status, hold_token, total_cents, currency, payment_due_at)
-         VALUES ($1, $2, $3, 'reserved', $4, 0, $5, now() + make_interval(secs => $6))
-         RETURNING payment_due_at, created_at",
-    )
-    .bind(id.0)
-    .bind(new.event.0)
-    .bind(new.account)
-    .bind(new.hold.0)
-    .bind(new.currency)
-    .bind(f64::from(new.payment_window_seconds))
-    .fetch_one(&mut *tx)
-    .await;
-    let row = match inserted {
-        Ok(row) => row,
-        Err(e) if is_unique_violation(&e, "orders_hold_token_key") => return Err(CheckoutError::HoldUsed),
-        Err(e) => return Err(e.into()),
-    };
-    let payment_due_at: OffsetDateTime = row.try_get("payment_due_at")?;
-    let created_at: OffsetDateTime = row.try_get("created_at")?;
-
+/// Runs `checkout_order` (migrations/20261202000002_checkout_fn.sql): idempotency, the account cap, and the
+/// order with its seats priced from their allocations, in one statement and one commit. Nothing is written
+/// unless the whole basket is.
+pub async fn checkout(pool: &PgPool, new: &NewOrder<'_>) -> Result<Checkout, CheckoutError> {
     let seat_ids: Vec<i64> = new.seats.iter().map(|s| s.0).collect();
-    let priced = sqlx::query(
-        "INSERT INTO order_seats (order_id, event_id, seat_id, ticket_type_id, price_cents)
-         SELECT $1, a.event_id, a.seat_id, a.ticket_type_id, t.price_cents
-         FROM seat_allocations a JOIN ticket_types t ON t.id = a.ticket_type_id
-         WHERE a.event_id = $2 AND a.seat_id = ANY($3)
-         RETURNING seat_id, ticket_type_id, price_cents",
-    )
-    .bind(id.0)
-    .bind(new.event.0)
-    .bind(&seat_ids)
-    .fetch_all(&mut *tx)
-    .await;
-    let priced = match priced {
+    let rows = sqlx::query("SELECT * FROM checkout_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+        .bind(Uuid::new_v4())
+        .bind(new.event.0)
+        .bind(new.account)
+        .bind(new.hold.0)
+        .bind(&seat_ids)
+        .bind(new.currency)
+        .bind(f64::from(new.payment_window_seconds))
+        .bind(i32::try_from(new.max_seats_per_account).unwrap_or(i32::MAX))
+        .bind(new.idempotency_key)
+        .bind(new.fingerprint)
+        .fetch_all(pool)
+        .await;
+    let rows = match rows {
         Ok(rows) => rows,
+        Err(e) if is_unique_violation(&e, "orders_hold_token_key") => return Err(CheckoutError::HoldUsed),
         Err(e) if is_unique_violation(&e, "order_seats_one_active_sale") => {
-            drop(tx);
             return Err(CheckoutError::SeatSold(first_sold_seat(pool, new.event, new.seats).await?));
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(StoreError::Postgres(e).into()),
     };
-    let mut seats = Vec::with_capacity(new.seats.len());
-    for &seat in new.seats {
-        let Some(row) = priced.iter().find(|r| r.try_get::<i64, _>("seat_id").ok() == Some(seat.0)) else {
-            return Err(CheckoutError::NotOnSale(seat));
-        };
-        seats.push((seat, row.try_get("ticket_type_id")?, row.try_get("price_cents")?));
-    }
-    let total_cents: i64 = seats.iter().map(|s| s.2).sum();
-    sqlx::query("UPDATE orders SET total_cents = $2 WHERE id = $1")
-        .bind(id.0)
-        .bind(total_cents)
-        .execute(&mut *tx)
-        .await?;
+    let Some(first) = rows.first() else {
+        return Err(StoreError::Unexpected("checkout_order returned no row".into()).into());
+    };
+    let outcome: String = first.try_get("outcome").map_err(StoreError::from)?;
+    let detail: Option<i64> = first.try_get("detail").map_err(StoreError::from)?;
+    Ok(match outcome.as_str() {
+        "created" => Checkout::Created(order_from_rows(new.event, &rows)?),
+        "replay" => Checkout::Replay(answer_from_rows(new.event, &rows)?),
+        "in_flight" => Checkout::InFlight,
+        "mismatch" => Checkout::Mismatch,
+        "account_cap" => Checkout::AccountCap { owned: detail.unwrap_or(0) },
+        "not_on_sale" => Checkout::NotOnSale(SeatId(detail.unwrap_or(0))),
+        other => return Err(StoreError::Unexpected(format!("checkout_order outcome {other:?}")).into()),
+    })
+}
 
-    let order = Order {
-        id,
-        event: new.event,
-        status: "reserved".into(),
-        hold: new.hold,
+fn order_from_rows(event: EventId, rows: &[sqlx::postgres::PgRow]) -> Result<Order, StoreError> {
+    let first = rows.first().ok_or_else(|| StoreError::Unexpected("order without seats".into()))?;
+    let mut seats = rows
+        .iter()
+        .map(|r| Ok((SeatId(r.try_get("seat_id")?), r.try_get("ticket_type_id")?, r.try_get("price_cents")?)))
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    seats.sort_by_key(|s| s.0);
+    Ok(Order {
+        id: OrderId(first.try_get("order_id")?),
+        event,
+        status: first.try_get("status")?,
+        hold: HoldToken(first.try_get("hold_token")?),
         seats,
-        total_cents,
-        currency: new.currency.to_owned(),
-        payment_due_at,
-        created_at,
-    };
-    sqlx::query(
-        "UPDATE idempotency_keys SET state = 'done', response_status = 201, response_body = $3
-         WHERE account_id = $1 AND key = $2",
+        total_cents: first.try_get("total_cents")?,
+        currency: first.try_get("currency")?,
+        payment_due_at: first.try_get("payment_due_at")?,
+        created_at: first.try_get("created_at")?,
+    })
+}
+
+fn answer_from_rows(event: EventId, rows: &[sqlx::postgres::PgRow]) -> Result<Answer, StoreError> {
+    let first = rows.first().ok_or_else(|| StoreError::Unexpected("empty answer".into()))?;
+    let order: Option<Uuid> = first.try_get("order_id")?;
+    if order.is_some() {
+        return Ok(Answer::Order(order_from_rows(event, rows)?));
+    }
+    let status: Option<i64> = first.try_get("detail")?;
+    Ok(Answer::Refusal { status: status.unwrap_or(409) as u16, body: first.try_get("response_body")? })
+}
+
+/// What a key says when recording a refusal under it.
+#[derive(Debug)]
+pub enum Recorded {
+    /// The refusal is now the key's answer.
+    Stored,
+    /// The key already had an answer for this same request: send it instead.
+    Existing(Answer),
+    /// The key already answered a different request.
+    Mismatch,
+}
+
+/// Records a refusal as the key's answer, unless the key already has one.
+pub async fn record_refusal(
+    pool: &PgPool,
+    event: EventId,
+    account: &str,
+    key: &str,
+    fingerprint: &str,
+    status: u16,
+    body: &serde_json::Value,
+) -> Result<Recorded, StoreError> {
+    let inserted = sqlx::query(
+        "INSERT INTO idempotency_keys (account_id, key, fingerprint, response_status, response_body)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
     )
-    .bind(new.account)
-    .bind(new.idempotency_key)
-    .bind(render(&order))
-    .execute(&mut *tx)
+    .bind(account)
+    .bind(key)
+    .bind(fingerprint)
+    .bind(status as i16)
+    .bind(body)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if inserted == 1 {
+        return Ok(Recorded::Stored);
+    }
+    let rows = sqlx::query(
+        "SELECT k.fingerprint, k.order_id, k.response_status::bigint AS detail, k.response_body,
+                os.seat_id, os.ticket_type_id, os.price_cents, o.status, o.hold_token, o.total_cents,
+                o.currency::text AS currency, o.payment_due_at, o.created_at
+         FROM idempotency_keys k
+         LEFT JOIN orders o ON o.id = k.order_id
+         LEFT JOIN order_seats os ON os.order_id = o.id
+         WHERE k.account_id = $1 AND k.key = $2",
+    )
+    .bind(account)
+    .bind(key)
+    .fetch_all(pool)
     .await?;
-    tx.commit().await?;
-    Ok(order)
+    let Some(first) = rows.first() else { return Ok(Recorded::Stored) };
+    if first.try_get::<String, _>("fingerprint")? != fingerprint {
+        return Ok(Recorded::Mismatch);
+    }
+    Ok(Recorded::Existing(answer_from_rows(event, &rows)?))
 }
 
 /// Which seat of the basket is already in an active order (after a unique violation named none).

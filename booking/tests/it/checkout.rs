@@ -197,25 +197,21 @@ async fn a_duplicate_while_the_first_is_in_flight_is_a_409(pool: PgPool) {
     let seat = app.seats_on_sale().await[0];
     let hold = app.hold("fan-a", &[seat]).await;
     let token = hold.str("hold_token");
-    // The first request has claimed the key and not finished (its handler is mid-checkout).
-    sqlx::query(
-        "INSERT INTO idempotency_keys (account_id, key, fingerprint, state) VALUES ('fan-a', 'busy', $1, 'in_flight')",
-    )
-    .bind(format!("POST /events/{}/orders hold_token={token}", app.event))
-    .execute(&app.pool)
-    .await
-    .expect("claim");
+    // The first request with key "busy" is mid-checkout: its transaction holds the key's advisory lock.
+    let mut first = app.pool.begin().await.expect("begin");
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended('fan-a/busy', 7))")
+        .fetch_one(&mut *first)
+        .await
+        .expect("lock");
+    assert!(locked);
     let dup = app.checkout("fan-a", &token, "busy").await;
     assert_eq!((dup.status, dup.code()), (409, "request_in_flight"), "{}", dup.body);
     assert_eq!(app.order_count().await, 0);
 
-    // A claim abandoned by a crashed process is taken over after its lease.
-    sqlx::query("UPDATE idempotency_keys SET locked_at = now() - interval '1 minute' WHERE key = 'busy'")
-        .execute(&app.pool)
-        .await
-        .expect("age the claim");
-    let taken_over = app.checkout("fan-a", &token, "busy").await;
-    assert_eq!(taken_over.status, 201, "{}", taken_over.body);
+    // The first request's process dies: its transaction and lock go with the connection, and the key is free.
+    drop(first);
+    let retried = app.checkout("fan-a", &token, "busy").await;
+    assert_eq!(retried.status, 201, "{}", retried.body);
     app.stop().await;
 }
 

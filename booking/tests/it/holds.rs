@@ -231,3 +231,31 @@ async fn seat_map_shows_holds_and_sales_and_moves_its_version(pool: PgPool) {
     );
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn releasing_a_held_back_block_puts_it_on_sale(pool: PgPool) {
+    let app = TestApp::spawn_with(pool, &["--catalogue-refresh-ms", "100"]).await;
+    let sponsor_seat = app.held_back_seats().await[0];
+    let refused = app.hold("fan-a", &[sponsor_seat]).await;
+    assert_eq!((refused.status, refused.code()), (422, "seat_not_on_sale"));
+    // The sponsor gives the block back: inserting its allocation rows is what puts it on sale.
+    sqlx::query(
+        "INSERT INTO seat_allocations (event_id, seat_id, ticket_type_id)
+         SELECT $1, $2, min(id) FROM ticket_types WHERE event_id = $1",
+    )
+    .bind(app.event)
+    .bind(sponsor_seat)
+    .execute(&app.pool)
+    .await
+    .expect("release the block");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let granted = loop {
+        let r = app.hold("fan-a", &[sponsor_seat]).await;
+        if r.status == 201 || tokio::time::Instant::now() >= deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(granted.status, 201, "{}", granted.body);
+    app.stop().await;
+}
