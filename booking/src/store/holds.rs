@@ -65,6 +65,13 @@ impl Scripts {
     }
 }
 
+/// Which keys come before the seat keys in a hold script's KEYS (each script's header says which it takes).
+enum Lead {
+    Record,
+    RecordAccount,
+    RecordAccountVersion,
+}
+
 /// Hold timings, from configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct HoldTimes {
@@ -202,15 +209,9 @@ impl Holds {
         token: HoldToken,
         rec: &HoldRecord,
     ) -> Result<HoldCheck, StoreError> {
-        let mut inv = self.scripts.release.prepare_invoke();
-        inv.key(self.keys.record(event, token))
-            .key(self.keys.account(event, &rec.account))
-            .key(self.keys.version(event));
-        self.seat_keys(&mut inv, event, rec);
-        inv.arg(token.to_string()).arg(account).arg(&rec.seats_raw);
-        let mut conn = self.conn.clone();
-        let reply: Vec<i64> = self.run(inv.invoke_async(&mut conn)).await?;
-        decode_check("release_hold", &reply, |n| HoldCheck::Released { seats: n })
+        let mut inv = self.on_hold(&self.scripts.release, Lead::RecordAccountVersion, event, token, rec);
+        inv.arg(account).arg(&rec.seats_raw);
+        decode_check("release_hold", &self.call(inv).await?, |n| HoldCheck::Released { seats: n })
     }
 
     /// Compare-and-set: pushes a live hold's expiry by the hold time, capped at its absolute maximum.
@@ -221,18 +222,13 @@ impl Holds {
         token: HoldToken,
         rec: &HoldRecord,
     ) -> Result<HoldCheck, StoreError> {
-        let mut inv = self.scripts.extend.prepare_invoke();
-        inv.key(self.keys.record(event, token)).key(self.keys.account(event, &rec.account));
-        self.seat_keys(&mut inv, event, rec);
-        inv.arg(token.to_string())
-            .arg(account)
+        let mut inv = self.on_hold(&self.scripts.extend, Lead::RecordAccount, event, token, rec);
+        inv.arg(account)
             .arg(&rec.seats_raw)
             .arg(ms(self.times.ttl))
             .arg(ms(self.times.max_total))
             .arg(ms(self.times.record_retention));
-        let mut conn = self.conn.clone();
-        let reply: Vec<i64> = self.run(inv.invoke_async(&mut conn)).await?;
-        decode_check("extend_hold", &reply, |e| HoldCheck::Live { expires_at_ms: e })
+        decode_check("extend_hold", &self.call(inv).await?, |e| HoldCheck::Live { expires_at_ms: e })
     }
 
     /// Read-only check that every seat of the hold is still `token`'s and the hold is `account`'s.
@@ -243,23 +239,45 @@ impl Holds {
         token: HoldToken,
         rec: &HoldRecord,
     ) -> Result<HoldCheck, StoreError> {
-        let mut inv = self.scripts.verify.prepare_invoke();
-        inv.key(self.keys.record(event, token));
-        self.seat_keys(&mut inv, event, rec);
-        inv.arg(token.to_string()).arg(account).arg(&rec.seats_raw);
-        let mut conn = self.conn.clone();
-        let reply: Vec<i64> = self.run(inv.invoke_async(&mut conn)).await?;
-        decode_check("verify_hold", &reply, |e| HoldCheck::Live { expires_at_ms: e })
+        let mut inv = self.on_hold(&self.scripts.verify, Lead::Record, event, token, rec);
+        inv.arg(account).arg(&rec.seats_raw);
+        decode_check("verify_hold", &self.call(inv).await?, |e| HoldCheck::Live { expires_at_ms: e })
     }
 
     /// After checkout committed: marks the hold's seats sold and counts them against the account's cap.
     pub async fn sell(&self, event: EventId, token: HoldToken, rec: &HoldRecord) -> Result<i64, StoreError> {
-        let mut inv = self.scripts.sell.prepare_invoke();
-        inv.key(self.keys.record(event, token))
-            .key(self.keys.account(event, &rec.account))
-            .key(self.keys.version(event));
-        self.seat_keys(&mut inv, event, rec);
-        inv.arg(token.to_string()).arg(rec.seats.len());
+        let mut inv = self.on_hold(&self.scripts.sell, Lead::RecordAccountVersion, event, token, rec);
+        inv.arg(rec.seats.len());
+        let mut conn = self.conn.clone();
+        self.run(inv.invoke_async(&mut conn)).await
+    }
+
+    /// An invocation of a script on an existing hold: KEYS are the lead keys then the hold's seat keys, and
+    /// ARGV starts with the token.
+    fn on_hold<'s>(
+        &self,
+        script: &'s Script,
+        lead: Lead,
+        event: EventId,
+        token: HoldToken,
+        rec: &HoldRecord,
+    ) -> redis::ScriptInvocation<'s> {
+        let mut inv = script.prepare_invoke();
+        inv.key(self.keys.record(event, token));
+        if !matches!(lead, Lead::Record) {
+            inv.key(self.keys.account(event, &rec.account));
+        }
+        if matches!(lead, Lead::RecordAccountVersion) {
+            inv.key(self.keys.version(event));
+        }
+        for &seat in &rec.seats {
+            inv.key(self.keys.seat(event, seat));
+        }
+        inv.arg(token.to_string());
+        inv
+    }
+
+    async fn call(&self, inv: redis::ScriptInvocation<'_>) -> Result<Vec<i64>, StoreError> {
         let mut conn = self.conn.clone();
         self.run(inv.invoke_async(&mut conn)).await
     }
@@ -305,12 +323,6 @@ impl Holds {
         let mut conn = self.conn.clone();
         let _: String = self.run(redis::cmd("PING").query_async(&mut conn)).await?;
         Ok(())
-    }
-
-    fn seat_keys(&self, inv: &mut redis::ScriptInvocation<'_>, event: EventId, rec: &HoldRecord) {
-        for &seat in &rec.seats {
-            inv.key(self.keys.seat(event, seat));
-        }
     }
 }
 
