@@ -82,6 +82,24 @@ async fn when_redis_forgets_a_sale_the_database_still_refuses_a_second_one(pool:
 }
 
 #[sqlx::test(migrations = "../migrations")]
+async fn redis_flushed_between_a_hold_and_its_checkout_leaves_one_order(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[7];
+    let a = app.hold("fan-a", &[seat]).await;
+    assert_eq!(a.status, 201);
+    app.forget_redis().await;
+    // A second buyer holds and checks out the same seat while A's hold is forgotten.
+    let b = app.hold("fan-b", &[seat]).await;
+    assert_eq!(b.status, 201, "{}", b.body);
+    assert_eq!(app.checkout("fan-b", &b.str("hold_token"), "b").await.status, 201);
+    let late = app.checkout("fan-a", &a.str("hold_token"), "a").await;
+    assert_eq!(late.status, 409, "{}", late.body);
+    assert_eq!(app.active_orders_for_seat(seat).await, 1);
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
 async fn redis_flushed_mid_sale_with_racing_buyers_sells_each_seat_once(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
     let seats = app.seats_on_sale().await;

@@ -259,3 +259,15 @@ async fn releasing_a_held_back_block_puts_it_on_sale(pool: PgPool) {
     assert_eq!(granted.status, 201, "{}", granted.body);
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn holds_survive_redis_forgetting_its_scripts(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    assert_eq!(app.hold("fan-a", &seats[..1]).await.status, 201);
+    // A restart or failover empties the script cache: EVALSHA answers NOSCRIPT and the script is sent again.
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut app.redis).await.expect("SCRIPT FLUSH");
+    let r = app.hold("fan-a", &seats[1..2]).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    app.stop().await;
+}
