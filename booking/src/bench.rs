@@ -214,7 +214,7 @@ impl ScratchServer {
         let exe = std::env::current_exe()?;
         let child = Command::new(exe)
             .args(["serve", "--listen", &format!("127.0.0.1:{}", args.port), "--redis-key-prefix", prefix])
-            .args(["--hold-ttl-ms", "600000", "--database-pool-size", "16"])
+            .args(["--hold-ttl-ms", "600000"])
             .env("DATABASE_URL", args.db.database_url.expose_secret())
             .env("REDIS_URL", args.redis_url.expose_secret())
             .env("ADMISSION_KEYS", args.admission_keys.expose_secret())

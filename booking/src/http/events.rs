@@ -75,7 +75,7 @@ pub(super) async fn catalogue(state: &AppState, raw: i64) -> Result<Arc<Catalogu
 
 /// The event, its ticket types and prices.
 #[utoipa::path(get, path = "/events/{event_id}", tag = "events",
-    params(("event_id" = i64, Path, description = "event id")),
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
     security(("admission" = [])),
     responses(
         (status = 200, body = EventView),
@@ -106,7 +106,7 @@ pub async fn get_event(
 
 /// Every seat on sale with its status. Sold comes from Postgres (the truth), held from Redis.
 #[utoipa::path(get, path = "/events/{event_id}/seats", tag = "events",
-    params(("event_id" = i64, Path, description = "event id")),
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
     security(("admission" = [])),
     responses(
         (status = 200, body = SeatMap),

@@ -20,7 +20,22 @@ use crate::store::orders::rfc3339;
 #[serde(deny_unknown_fields)]
 pub struct HoldRequest {
     /// The seats to hold, all or none. At most the basket cap (default 8), no duplicates.
+    #[schema(min_items = 1)]
+    #[serde(deserialize_with = "whole_numbers")]
     pub seat_ids: Vec<i64>,
+}
+
+/// Seat ids as JSON integers; a number with a zero fraction (`12.0`) is the same integer, as JSON Schema says.
+fn whole_numbers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<i64>, D::Error> {
+    use serde::de::Error;
+    let raw: Vec<serde_json::Number> = Vec::deserialize(d)?;
+    raw.iter()
+        .map(|n| {
+            n.as_i64()
+                .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15).map(|f| f as i64))
+                .ok_or_else(|| D::Error::custom(format!("seat id {n} is not a 64-bit integer")))
+        })
+        .collect()
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -123,7 +138,7 @@ pub(super) fn hold_not_yours() -> ApiError {
 
 /// Hold a basket of seats: every seat or none.
 #[utoipa::path(post, path = "/events/{event_id}/holds", tag = "holds",
-    params(("event_id" = i64, Path, description = "event id")),
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
     request_body = HoldRequest,
     security(("admission" = [])),
     responses(
@@ -132,7 +147,8 @@ pub(super) fn hold_not_yours() -> ApiError {
         (status = 422, body = super::ErrorBody, description = "`empty_basket`, `duplicate_seat`, `too_many_seats`, `seat_not_on_sale`, `invalid_body`"),
         (status = 400, body = super::ErrorBody), (status = 401, body = super::ErrorBody),
         (status = 403, body = super::ErrorBody), (status = 404, body = super::ErrorBody),
-        (status = 413, body = super::ErrorBody), (status = 503, body = super::ErrorBody),
+        (status = 413, body = super::ErrorBody), (status = 415, body = super::ErrorBody),
+        (status = 503, body = super::ErrorBody),
     ))]
 pub async fn create_hold(
     State(state): State<AppState>,
@@ -180,7 +196,7 @@ pub async fn create_hold(
 
 /// Release a hold: frees only the seats still held by this token.
 #[utoipa::path(delete, path = "/events/{event_id}/holds/{hold_token}", tag = "holds",
-    params(("event_id" = i64, Path, description = "event id"), ("hold_token" = Uuid, Path, description = "hold token")),
+    params(("event_id" = i64, Path, minimum = 1, description = "event id"), ("hold_token" = Uuid, Path, description = "hold token")),
     security(("admission" = [])),
     responses(
         (status = 200, body = ReleaseView),
@@ -208,7 +224,7 @@ pub async fn release_hold(
 
 /// Extend a live hold by the hold time, never past its absolute cap.
 #[utoipa::path(post, path = "/events/{event_id}/holds/{hold_token}/extend", tag = "holds",
-    params(("event_id" = i64, Path, description = "event id"), ("hold_token" = Uuid, Path, description = "hold token")),
+    params(("event_id" = i64, Path, minimum = 1, description = "event id"), ("hold_token" = Uuid, Path, description = "hold token")),
     security(("admission" = [])),
     responses(
         (status = 200, body = ExtendView),

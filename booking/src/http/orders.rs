@@ -29,6 +29,7 @@ const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 #[serde(deny_unknown_fields)]
 pub struct OrderRequest {
     /// The hold to check out, as returned by `POST /events/{id}/holds`.
+    #[schema(format = Uuid)]
     pub hold_token: String,
 }
 
@@ -84,7 +85,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
 /// Check out a hold: creates a `reserved` order for all of its seats, or nothing.
 #[utoipa::path(post, path = "/events/{event_id}/orders", tag = "orders",
     params(
-        ("event_id" = i64, Path, description = "event id"),
+        ("event_id" = i64, Path, minimum = 1, description = "event id"),
         ("Idempotency-Key" = String, Header, description = "client-chosen key; the same key and body replay the same answer"),
     ),
     request_body = OrderRequest,
@@ -95,7 +96,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
         (status = 422, body = super::ErrorBody, description = "`invalid_hold_token`, `idempotency_key_reused`, `invalid_body`"),
         (status = 400, body = super::ErrorBody), (status = 401, body = super::ErrorBody),
         (status = 403, body = super::ErrorBody), (status = 404, body = super::ErrorBody),
-        (status = 503, body = super::ErrorBody),
+        (status = 415, body = super::ErrorBody), (status = 503, body = super::ErrorBody),
     ))]
 pub async fn create_order(
     State(state): State<AppState>,

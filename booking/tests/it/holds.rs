@@ -271,3 +271,17 @@ async fn holds_survive_redis_forgetting_its_scripts(pool: PgPool) {
     assert_eq!(r.status, 201, "{}", r.body);
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_whole_number_written_with_a_fraction_is_the_same_seat(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[0];
+    let url = app.url(&format!("/events/{}/holds", app.event));
+    let body = format!("{{\"seat_ids\": [{seat}.0]}}");
+    let req =
+        app.client.post(url).bearer_auth(app.proof("fan-a")).header("content-type", "application/json").body(body);
+    let r = app.send(req).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["seats"][0]["seat_id"], seat);
+    app.stop().await;
+}
