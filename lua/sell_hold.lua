@@ -18,15 +18,16 @@ for i = 4, #KEYS do
     marked = marked + 1
   end
 end
-if redis.call('ZREM', KEYS[2], ARGV[1] .. ':' .. ARGV[2]) == 1 then
-  local bought = tonumber(ARGV[2])
-  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '+inf', '+inf')) do
-    bought = bought + tonumber(string.match(member, ':(%d+)$'))
-    redis.call('ZREM', KEYS[2], member)
-  end
-  redis.call('ZADD', KEYS[2], '+inf', 'sold:' .. bought)
-  redis.call('PERSIST', KEYS[2])
+-- The seats were bought whether or not the hold's member is still there (an acquire may have swept it as
+-- expired a moment ago): count them either way. This runs once per committed checkout.
+redis.call('ZREM', KEYS[2], ARGV[1] .. ':' .. ARGV[2])
+local bought = tonumber(ARGV[2])
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '+inf', '+inf')) do
+  bought = bought + tonumber(string.match(member, ':(%d+)$'))
+  redis.call('ZREM', KEYS[2], member)
 end
+redis.call('ZADD', KEYS[2], '+inf', 'sold:' .. bought)
+redis.call('PERSIST', KEYS[2])
 redis.call('DEL', KEYS[1])
 redis.call('INCR', KEYS[3])
 return marked

@@ -285,3 +285,16 @@ async fn a_whole_number_written_with_a_fraction_is_the_same_seat(pool: PgPool) {
     assert_eq!(r.body["seats"][0]["seat_id"], seat);
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn bought_seats_count_against_the_cap_at_hold_time(pool: PgPool) {
+    let app = TestApp::spawn_with(pool, &["--max-seats-per-account", "4"]).await;
+    let seats = app.seats_on_sale().await;
+    let first = app.hold("fan-a", &seats[0..3]).await;
+    assert_eq!(app.checkout("fan-a", &first.str("hold_token"), "k").await.status, 201);
+    let over = app.hold("fan-a", &seats[3..5]).await;
+    assert_eq!((over.status, over.code()), (409, "account_limit_reached"), "{}", over.body);
+    assert_eq!(over.body["counted"], 3, "the three bought seats are counted: {}", over.body);
+    assert_eq!(app.hold("fan-a", &seats[3..4]).await.status, 201);
+    app.stop().await;
+}
