@@ -142,7 +142,9 @@ pub async fn create_order(
         Ok(Checkout::InFlight) => return Err(in_flight()),
         Ok(Checkout::Mismatch) => return Err(key_reused()),
         Ok(Checkout::AccountCap { owned }) => return answer.refused(account_limit(max, owned)).await,
-        Ok(Checkout::NotOnSale(seat)) => return answer.refused(seat_unavailable(&cat, seat)).await,
+        Ok(Checkout::NotOnSale(seat)) | Err(CheckoutError::Withdrawn(seat)) => {
+            return answer.refused(seat_unavailable(&cat, seat)).await;
+        }
         Err(CheckoutError::SeatSold(seat)) => {
             metrics::counter!("booking_checkouts_total", "outcome" => "seat_sold").increment(1);
             let label = cat.label(seat);

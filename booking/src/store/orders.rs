@@ -130,6 +130,8 @@ pub enum CheckoutError {
     SeatSold(SeatId),
     #[error("this hold was already checked out")]
     HoldUsed,
+    #[error("seat {0} was withdrawn from sale during the checkout")]
+    Withdrawn(SeatId),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -186,6 +188,10 @@ pub async fn checkout(pool: &PgPool, new: &NewOrder<'_>) -> Result<Checkout, Che
         Err(e) if is_unique_violation(&e, "orders_hold_token_key") => return Err(CheckoutError::HoldUsed),
         Err(e) if is_unique_violation(&e, "order_seats_one_active_sale") => {
             return Err(CheckoutError::SeatSold(first_sold_seat(pool, new.event, new.seats).await?));
+        }
+        // An operator withdrew an allocation between the function's check and its insert.
+        Err(e) if violates(&e, "23503", "order_seats_event_id_seat_id_fkey") => {
+            return Err(CheckoutError::Withdrawn(first_withdrawn_seat(pool, new.event, new.seats).await?));
         }
         Err(e) => return Err(StoreError::Postgres(e).into()),
     };
@@ -305,10 +311,26 @@ async fn first_sold_seat(pool: &PgPool, event: EventId, seats: &[SeatId]) -> Res
 }
 
 fn is_unique_violation(e: &sqlx::Error, constraint: &str) -> bool {
+    violates(e, "23505", constraint)
+}
+
+fn violates(e: &sqlx::Error, sqlstate: &str, constraint: &str) -> bool {
     match e {
-        sqlx::Error::Database(db) => db.code().as_deref() == Some("23505") && db.constraint() == Some(constraint),
+        sqlx::Error::Database(db) => db.code().as_deref() == Some(sqlstate) && db.constraint() == Some(constraint),
         _ => false,
     }
+}
+
+/// Which seat of the basket has no allocation any more.
+async fn first_withdrawn_seat(pool: &PgPool, event: EventId, seats: &[SeatId]) -> Result<SeatId, StoreError> {
+    let ids: Vec<i64> = seats.iter().map(|s| s.0).collect();
+    let allocated: Vec<i64> =
+        sqlx::query_scalar("SELECT seat_id FROM seat_allocations WHERE event_id = $1 AND seat_id = ANY($2)")
+            .bind(event.0)
+            .bind(&ids)
+            .fetch_all(pool)
+            .await?;
+    Ok(seats.iter().copied().find(|s| !allocated.contains(&s.0)).unwrap_or(seats[0]))
 }
 
 /// RFC 3339 with the offset the database gave (UTC).

@@ -273,3 +273,23 @@ async fn a_refunded_seat_can_be_sold_again(pool: PgPool) {
     app.assert_invariants().await;
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_seat_withdrawn_from_sale_after_the_hold_is_refused_at_checkout(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let hold = app.hold("fan-a", &seats[..2]).await;
+    assert_eq!(hold.status, 201);
+    // The operator pulls the second seat from sale while the fan is paying.
+    sqlx::query("DELETE FROM seat_allocations WHERE event_id = $1 AND seat_id = $2")
+        .bind(app.event)
+        .bind(seats[1])
+        .execute(&app.pool)
+        .await
+        .expect("withdraw");
+    let r = app.checkout("fan-a", &hold.str("hold_token"), "k").await;
+    assert_eq!((r.status, r.code()), (409, "seat_unavailable"), "{}", r.body);
+    assert_eq!(r.body["seat_id"], seats[1]);
+    assert_eq!(app.order_count().await, 0, "nothing half-written");
+    app.stop().await;
+}
