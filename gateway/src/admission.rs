@@ -1,0 +1,123 @@
+//! The admission check at the edge: which event a path is for, and whether the request carries a valid
+//! admission proof for it. Pure: no I/O, so it is tested without a server.
+
+use tokens::{AccountId, Keyring, TokenError};
+
+/// Name of the cookie that carries the admission proof for browsers.
+pub const ADMISSION_COOKIE: &str = "wr_admission";
+
+/// Where a request is going, as far as the gateway cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// `/healthz`: answered by the gateway itself.
+    Health,
+    /// `/events/{id}` or below: booking, behind the admission check.
+    Event(i64),
+    /// `/events/{not a positive integer}...`.
+    BadEventId,
+    /// Anything else.
+    Unknown,
+}
+
+/// Classifies a request path.
+pub fn route(path: &str) -> Route {
+    if path == "/healthz" {
+        return Route::Health;
+    }
+    let Some(rest) = path.strip_prefix("/events/") else { return Route::Unknown };
+    let id = rest.split('/').next().unwrap_or("");
+    match id.parse::<i64>() {
+        Ok(id) if id > 0 => Route::Event(id),
+        _ => Route::BadEventId,
+    }
+}
+
+/// Why a request was not let through, with its stable error code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into() }
+    }
+
+    /// The JSON error body of the HTTP contract.
+    pub fn body(&self) -> String {
+        serde_json::json!({ "error": self.code, "message": self.message }).to_string()
+    }
+}
+
+/// Checks the admission proof (from `Authorization: Bearer` or the `wr_admission` cookie) for `event`, and
+/// returns the admitted account.
+pub fn check(
+    keyring: &Keyring,
+    authorization: Option<&str>,
+    cookies: &[&str],
+    event: i64,
+) -> Result<AccountId, Refusal> {
+    let token = authorization.and_then(bearer).or_else(|| cookie(cookies, ADMISSION_COOKIE)).ok_or_else(|| {
+        Refusal::new(401, "admission_required", "this request needs an admission proof from the waiting room")
+    })?;
+    let claims = keyring.verify_admission(token).map_err(|e| match e {
+        TokenError::Expired => Refusal::new(401, "admission_expired", "the admission proof has expired"),
+        other => Refusal::new(401, "admission_invalid", format!("the admission proof is not valid: {other}")),
+    })?;
+    if claims.evt != event {
+        return Err(Refusal::new(403, "admission_wrong_event", "the admission proof is for another event"));
+    }
+    Ok(claims.sub)
+}
+
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+fn cookie<'a>(headers: &[&'a str], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokens::{AdmissionClaims, unix_now};
+
+    const KEYS: &str = "k1:a-very-long-development-secret-number-one";
+
+    fn proof(ring: &Keyring, event: i64) -> String {
+        ring.sign(&AdmissionClaims::new(AccountId::parse("fan-1").expect("id"), event, unix_now(), 60))
+    }
+
+    #[test]
+    fn routes_are_classified() {
+        assert_eq!(route("/healthz"), Route::Health);
+        assert_eq!(route("/events/42"), Route::Event(42));
+        assert_eq!(route("/events/42/holds/abc"), Route::Event(42));
+        assert_eq!(route("/events/x/holds"), Route::BadEventId);
+        assert_eq!(route("/events/-1"), Route::BadEventId);
+        assert_eq!(route("/events/"), Route::BadEventId);
+        assert_eq!(route("/admin"), Route::Unknown);
+    }
+
+    #[test]
+    fn a_proof_is_read_from_the_header_or_the_cookie() {
+        let ring = Keyring::parse(KEYS).expect("keys");
+        let token = proof(&ring, 7);
+        let header = format!("Bearer {token}");
+        assert!(check(&ring, Some(&header), &[], 7).is_ok());
+        let cookie = format!("theme=dark; {ADMISSION_COOKIE}={token}");
+        assert!(check(&ring, None, &[&cookie], 7).is_ok());
+        assert_eq!(check(&ring, None, &[], 7).map_err(|r| r.code), Err("admission_required"));
+        assert_eq!(check(&ring, Some(&header), &[], 8).map_err(|r| r.status), Err(403));
+        assert_eq!(check(&ring, Some("Bearer nope"), &[], 7).map_err(|r| r.code), Err("admission_invalid"));
+    }
+}
