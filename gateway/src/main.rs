@@ -11,6 +11,7 @@ use secrecy::ExposeSecret;
 use tokens::Keyring;
 
 fn main() -> anyhow::Result<()> {
+    // `try_init` also bridges the `log` records pingora writes into `tracing` (the `tracing-log` feature).
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
