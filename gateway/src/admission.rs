@@ -1,10 +1,7 @@
 //! The admission check at the edge: which event a path is for, and whether the request carries a valid
 //! admission proof for it. Pure: no I/O, so it is tested without a server.
 
-use tokens::{AccountId, Keyring, TokenError};
-
-/// Name of the cookie that carries the admission proof for browsers.
-pub const ADMISSION_COOKIE: &str = "wr_admission";
+use tokens::{AccountId, AdmissionRefusal, Keyring};
 
 /// Where a request is going, as far as the gateway cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,37 +56,15 @@ pub fn check(
     cookies: &[&str],
     event: i64,
 ) -> Result<AccountId, Refusal> {
-    let token = authorization.and_then(bearer).or_else(|| cookie(cookies, ADMISSION_COOKIE)).ok_or_else(|| {
-        Refusal::new(401, "admission_required", "this request needs an admission proof from the waiting room")
-    })?;
-    let claims = keyring.verify_admission(token).map_err(|e| match e {
-        TokenError::Expired => Refusal::new(401, "admission_expired", "the admission proof has expired"),
-        other => Refusal::new(401, "admission_invalid", format!("the admission proof is not valid: {other}")),
-    })?;
-    if claims.evt != event {
-        return Err(Refusal::new(403, "admission_wrong_event", "the admission proof is for another event"));
-    }
-    Ok(claims.sub)
-}
-
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
-fn cookie<'a>(headers: &[&'a str], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
+    let refused = |r: AdmissionRefusal| Refusal::new(r.status(), r.code(), r.to_string());
+    let claims = keyring.check_admission(authorization, cookies.iter().copied()).map_err(refused)?;
+    claims.account_for(event).cloned().map_err(refused)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokens::{AdmissionClaims, unix_now};
+    use tokens::{ADMISSION_COOKIE, AdmissionClaims, unix_now};
 
     const KEYS: &str = "k1:a-very-long-development-secret-number-one";
 

@@ -127,14 +127,73 @@ pub enum TokenError {
     BadSubject,
 }
 
-impl TokenError {
+/// Name of the cookie that carries the admission proof for browsers.
+pub const ADMISSION_COOKIE: &str = "wr_admission";
+
+/// Why a request's admission proof was not accepted. Gateway and booking answer each the same way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdmissionRefusal {
+    /// No proof in `Authorization: Bearer` nor in the admission cookie.
+    Missing,
+    Expired,
+    Invalid(TokenError),
+    /// A valid proof, for another event.
+    WrongEvent,
+}
+
+impl AdmissionRefusal {
+    /// HTTP status: 401, or 403 for a proof of another event.
+    pub fn status(&self) -> u16 {
+        if *self == AdmissionRefusal::WrongEvent { 403 } else { 401 }
+    }
+
     /// The stable snake_case code for HTTP error bodies.
     pub fn code(&self) -> &'static str {
         match self {
-            TokenError::Expired => "token_expired",
-            _ => "token_invalid",
+            AdmissionRefusal::Missing => "admission_required",
+            AdmissionRefusal::Expired => "admission_expired",
+            AdmissionRefusal::Invalid(_) => "admission_invalid",
+            AdmissionRefusal::WrongEvent => "admission_wrong_event",
         }
     }
+}
+
+impl fmt::Display for AdmissionRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdmissionRefusal::Missing => f.write_str("this request needs an admission proof from the waiting room"),
+            AdmissionRefusal::Expired => f.write_str("the admission proof has expired"),
+            AdmissionRefusal::Invalid(e) => write!(f, "the admission proof is not valid: {e}"),
+            AdmissionRefusal::WrongEvent => f.write_str("the admission proof is for another event"),
+        }
+    }
+}
+
+impl AdmissionClaims {
+    /// The admitted account, if the proof is for `event`.
+    pub fn account_for(&self, event: i64) -> Result<&AccountId, AdmissionRefusal> {
+        if self.evt == event { Ok(&self.sub) } else { Err(AdmissionRefusal::WrongEvent) }
+    }
+}
+
+/// The admission proof a request carries: the `Authorization: Bearer` token, else the admission cookie among
+/// the `Cookie` header values.
+pub fn find_admission_proof<'a>(
+    authorization: Option<&'a str>,
+    cookies: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    let bearer = authorization.and_then(|value| {
+        let (scheme, token) = value.split_once(' ')?;
+        scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    });
+    bearer.or_else(|| {
+        cookies
+            .into_iter()
+            .flat_map(|v| v.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+            .find(|(k, _)| *k == ADMISSION_COOKIE)
+            .map(|(_, v)| v)
+    })
 }
 
 /// Why a keyring specification was refused (start-up only).
@@ -209,6 +268,19 @@ impl Keyring {
     /// Verifies an admission proof: signature, `kid`, algorithm, `exp` (with leeway), audience and issuer.
     pub fn verify_admission(&self, token: &str) -> Result<AdmissionClaims, TokenError> {
         self.verify(token, ADMISSION_AUDIENCE, ADMISSION_ISSUER)
+    }
+
+    /// Finds and verifies the admission proof a request carries (see [`find_admission_proof`]).
+    pub fn check_admission<'a>(
+        &self,
+        authorization: Option<&'a str>,
+        cookies: impl IntoIterator<Item = &'a str>,
+    ) -> Result<AdmissionClaims, AdmissionRefusal> {
+        let token = find_admission_proof(authorization, cookies).ok_or(AdmissionRefusal::Missing)?;
+        self.verify_admission(token).map_err(|e| match e {
+            TokenError::Expired => AdmissionRefusal::Expired,
+            other => AdmissionRefusal::Invalid(other),
+        })
     }
 
     /// Verifies an account token from the platform whose issuer is `issuer`.

@@ -94,14 +94,6 @@ impl Basket {
     pub fn seats(&self) -> &[SeatId] {
         &self.0
     }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// A seat's state on the live map.

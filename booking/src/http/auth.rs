@@ -1,18 +1,16 @@
 //! The admission proof: booking serves `/events/...` only to requests that carry one, signed with the
 //! gateway's key, unexpired, and for the event in the path. It is read from `Authorization: Bearer` or, for
-//! browsers coming through the gateway, the `wr_admission` cookie. Checked locally: no store is consulted.
+//! browsers coming through the gateway, the `wr_admission` cookie (`tokens::find_admission_proof`). Checked
+//! locally: no store is consulted.
 
 use axum::extract::FromRequestParts;
-use axum::http::header;
 use axum::http::request::Parts;
-use tokens::{AccountId, AdmissionClaims, TokenError};
+use axum::http::{StatusCode, header};
+use tokens::{AccountId, AdmissionClaims, AdmissionRefusal};
 
 use super::AppState;
 use super::error::ApiError;
 use crate::domain::EventId;
-
-/// Name of the cookie the gateway sets on admission.
-pub const ADMISSION_COOKIE: &str = "wr_admission";
 
 /// A verified admission proof (signature, key id, algorithm, expiry, audience, issuer).
 pub struct Proof(pub AdmissionClaims);
@@ -20,42 +18,21 @@ pub struct Proof(pub AdmissionClaims);
 impl Proof {
     /// The admitted account, if the proof is for `event`.
     pub fn account_for(&self, event: EventId) -> Result<&AccountId, ApiError> {
-        if self.0.evt == event.0 {
-            Ok(&self.0.sub)
-        } else {
-            Err(ApiError::forbidden("admission_wrong_event", "the admission proof is for another event"))
-        }
+        self.0.account_for(event.0).map_err(refused)
     }
+}
+
+fn refused(r: AdmissionRefusal) -> ApiError {
+    let status = StatusCode::from_u16(r.status()).unwrap_or(StatusCode::UNAUTHORIZED);
+    ApiError::new(status, r.code(), r.to_string())
 }
 
 impl FromRequestParts<AppState> for Proof {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let token = bearer(parts).or_else(|| cookie(parts, ADMISSION_COOKIE)).ok_or_else(|| {
-            ApiError::unauthorized("admission_required", "this request needs an admission proof from the waiting room")
-        })?;
-        state.keyring.verify_admission(token).map(Proof).map_err(|e| match e {
-            TokenError::Expired => ApiError::unauthorized("admission_expired", "the admission proof has expired"),
-            other => ApiError::unauthorized("admission_invalid", format!("the admission proof is not valid: {other}")),
-        })
+        let authorization = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let cookies = parts.headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok());
+        state.keyring.check_admission(authorization, cookies).map(Proof).map_err(refused)
     }
-}
-
-fn bearer(parts: &Parts) -> Option<&str> {
-    let value = parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
-fn cookie<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
-    parts
-        .headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
 }

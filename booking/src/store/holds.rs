@@ -141,14 +141,6 @@ impl Holds {
         Self { conn, keys, timeout, times, scripts: std::sync::Arc::new(Scripts::load()) }
     }
 
-    pub fn keys(&self) -> &Keys {
-        &self.keys
-    }
-
-    pub fn times(&self) -> HoldTimes {
-        self.times
-    }
-
     async fn run<T>(&self, fut: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(reply) => Ok(reply?),

@@ -187,11 +187,14 @@ pub async fn checkout(pool: &PgPool, new: &NewOrder<'_>) -> Result<Checkout, Che
         Ok(rows) => rows,
         Err(e) if is_unique_violation(&e, "orders_hold_token_key") => return Err(CheckoutError::HoldUsed),
         Err(e) if is_unique_violation(&e, "order_seats_one_active_sale") => {
-            return Err(CheckoutError::SeatSold(first_sold_seat(pool, new.event, new.seats).await?));
+            let seat = first_seat_where(pool, SOLD_AMONG, new.event, new.seats, true).await?;
+            return Err(CheckoutError::SeatSold(seat));
         }
         // An operator withdrew an allocation between the function's check and its insert.
         Err(e) if violates(&e, "23503", "order_seats_event_id_seat_id_fkey") => {
-            return Err(CheckoutError::Withdrawn(first_withdrawn_seat(pool, new.event, new.seats).await?));
+            return Err(CheckoutError::Withdrawn(
+                first_seat_where(pool, ALLOCATED_AMONG, new.event, new.seats, false).await?,
+            ));
         }
         Err(e) => return Err(StoreError::Postgres(e).into()),
     };
@@ -297,19 +300,6 @@ pub async fn record_refusal(
     Ok(Recorded::Existing(answer_from_rows(event, &rows)?))
 }
 
-/// Which seat of the basket is already in an active order (after a unique violation named none).
-async fn first_sold_seat(pool: &PgPool, event: EventId, seats: &[SeatId]) -> Result<SeatId, StoreError> {
-    let ids: Vec<i64> = seats.iter().map(|s| s.0).collect();
-    let sold: Vec<i64> =
-        sqlx::query_scalar("SELECT seat_id FROM order_seats WHERE event_id = $1 AND seat_id = ANY($2) AND active")
-            .bind(event.0)
-            .bind(&ids)
-            .fetch_all(pool)
-            .await?;
-    // Keep the fan's order: name the first seat they listed that went.
-    Ok(seats.iter().copied().find(|s| sold.contains(&s.0)).unwrap_or(seats[0]))
-}
-
 fn is_unique_violation(e: &sqlx::Error, constraint: &str) -> bool {
     violates(e, "23505", constraint)
 }
@@ -321,19 +311,26 @@ fn violates(e: &sqlx::Error, sqlstate: &str, constraint: &str) -> bool {
     }
 }
 
-/// Which seat of the basket has no allocation any more.
-async fn first_withdrawn_seat(pool: &PgPool, event: EventId, seats: &[SeatId]) -> Result<SeatId, StoreError> {
-    let ids: Vec<i64> = seats.iter().map(|s| s.0).collect();
-    let allocated: Vec<i64> =
-        sqlx::query_scalar("SELECT seat_id FROM seat_allocations WHERE event_id = $1 AND seat_id = ANY($2)")
-            .bind(event.0)
-            .bind(&ids)
-            .fetch_all(pool)
-            .await?;
-    Ok(seats.iter().copied().find(|s| !allocated.contains(&s.0)).unwrap_or(seats[0]))
-}
-
 /// RFC 3339 with the offset the database gave (UTC).
 pub fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}
+
+/// Seats of the basket in an active order.
+const SOLD_AMONG: &str = "SELECT seat_id FROM order_seats WHERE event_id = $1 AND seat_id = ANY($2) AND active";
+/// Seats of the basket still allocated to the event.
+const ALLOCATED_AMONG: &str = "SELECT seat_id FROM seat_allocations WHERE event_id = $1 AND seat_id = ANY($2)";
+
+/// The first seat of the basket, in the fan's order, that `query` lists (`listed`) or does not list: the seat
+/// to name after a constraint refused the checkout without saying which.
+async fn first_seat_where(
+    pool: &PgPool,
+    query: &'static str,
+    event: EventId,
+    seats: &[SeatId],
+    listed: bool,
+) -> Result<SeatId, StoreError> {
+    let ids: Vec<i64> = seats.iter().map(|s| s.0).collect();
+    let found: Vec<i64> = sqlx::query_scalar(query).bind(event.0).bind(&ids).fetch_all(pool).await?;
+    Ok(seats.iter().copied().find(|s| found.contains(&s.0) == listed).unwrap_or(seats[0]))
 }
