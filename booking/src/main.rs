@@ -54,14 +54,8 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Token(TokenCommand::Account { account, ttl_seconds, issuer, keys }) => {
             let ring = Keyring::parse(keys.expose_secret()).context("ACCOUNT_KEYS")?;
-            let now = unix_now();
-            let claims = AccountClaims {
-                sub: AccountId::parse(&account).context("--account")?,
-                aud: tokens::ACCOUNT_AUDIENCE.into(),
-                iss: issuer,
-                iat: now,
-                exp: now + ttl_seconds,
-            };
+            let account = AccountId::parse(&account).context("--account")?;
+            let claims = AccountClaims::new(account, &issuer, unix_now(), ttl_seconds);
             println!("{}", ring.sign(&claims));
         }
         Command::Token(TokenCommand::Admission { account, event, ttl_seconds, keys }) => {

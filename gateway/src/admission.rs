@@ -10,10 +10,20 @@ pub enum Route {
     Health,
     /// `/events/{id}` or below: booking, behind the admission check.
     Event(i64),
-    /// `/events/{not a positive integer}...`.
+    /// `/queue/{id}`: the waiting-room page (or the status as JSON).
+    QueuePage(i64),
+    /// `/queue/{id}/join`.
+    QueueJoin(i64),
+    /// `/queue/{id}/status`.
+    QueueStatus(i64),
+    /// `/events/{x}...` or `/queue/{x}...` where x is not a positive integer.
     BadEventId,
     /// Anything else.
     Unknown,
+}
+
+fn event_id(raw: &str) -> Option<i64> {
+    raw.parse::<i64>().ok().filter(|id| *id > 0)
 }
 
 /// Classifies a request path.
@@ -21,11 +31,21 @@ pub fn route(path: &str) -> Route {
     if path == "/healthz" {
         return Route::Health;
     }
-    let Some(rest) = path.strip_prefix("/events/") else { return Route::Unknown };
-    let id = rest.split('/').next().unwrap_or("");
-    match id.parse::<i64>() {
-        Ok(id) if id > 0 => Route::Event(id),
-        _ => Route::BadEventId,
+    if let Some(rest) = path.strip_prefix("/events/") {
+        let id = rest.split('/').next().unwrap_or("");
+        return event_id(id).map_or(Route::BadEventId, Route::Event);
+    }
+    let Some(rest) = path.strip_prefix("/queue/") else { return Route::Unknown };
+    let (id, tail) = match rest.split_once('/') {
+        Some((id, tail)) => (id, Some(tail)),
+        None => (rest, None),
+    };
+    let Some(event) = event_id(id) else { return Route::BadEventId };
+    match tail {
+        None => Route::QueuePage(event),
+        Some("join") => Route::QueueJoin(event),
+        Some("status") => Route::QueueStatus(event),
+        Some(_) => Route::Unknown,
     }
 }
 
@@ -81,6 +101,13 @@ mod tests {
         assert_eq!(route("/events/-1"), Route::BadEventId);
         assert_eq!(route("/events/"), Route::BadEventId);
         assert_eq!(route("/admin"), Route::Unknown);
+        assert_eq!(route("/queue/3"), Route::QueuePage(3));
+        assert_eq!(route("/queue/3/"), Route::Unknown);
+        assert_eq!(route("/queue/3/join"), Route::QueueJoin(3));
+        assert_eq!(route("/queue/3/status"), Route::QueueStatus(3));
+        assert_eq!(route("/queue/3/other"), Route::Unknown);
+        assert_eq!(route("/queue/0/join"), Route::BadEventId);
+        assert_eq!(route("/queue/abc"), Route::BadEventId);
     }
 
     #[test]

@@ -1,23 +1,93 @@
 //! Command line and environment of the `gateway` binary; `gateway --help` lists every option.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
+use ipnet::IpNet;
 use secrecy::SecretString;
 
 #[derive(Debug, Parser)]
 #[command(name = "gateway", version, about = "Waiting-room gateway in front of booking")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway: the public listener (waiting room and proxy) and the admin listener.
+    Serve(Box<Config>),
+    /// Read or change an event's waiting room through a gateway's admin listener.
+    Admin(AdminArgs),
+}
+
+/// The server's configuration.
+#[derive(Debug, Args)]
 pub struct Config {
-    /// Public listener.
+    /// Public listener: the waiting room and the proxy to booking.
     #[arg(long, env = "GATEWAY_LISTEN", default_value = "127.0.0.1:18000")]
     pub listen: SocketAddr,
+    /// Admin listener (its own port; `/admin/...` needs the admin bearer token, `/metrics` does not).
+    #[arg(long, env = "GATEWAY_ADMIN_LISTEN", default_value = "127.0.0.1:18001")]
+    pub admin_listen: SocketAddr,
+    /// Bearer token of the admin API (at least 16 characters).
+    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", value_parser = admin_token)]
+    pub admin_token: SecretString,
     /// Booking's address (HTTP/1.1, connections kept alive and reused).
     #[arg(long, env = "BOOKING_UPSTREAM", default_value = "127.0.0.1:18080")]
     pub upstream: SocketAddr,
-    /// Keyring of admission proofs, `kid:secret[,kid:secret...]` (the same booking verifies with).
+    /// Keyring of admission proofs and queue tickets, `kid:secret[,kid:secret...]` (the first signs; booking
+    /// verifies admission proofs with the same keys).
     #[arg(long, env = "ADMISSION_KEYS", value_parser = secret)]
     pub admission_keys: SecretString,
-    /// Worker threads of the proxy service.
+    /// Keyring that verifies the platform's account tokens, `kid:secret[,kid:secret...]`.
+    #[arg(long, env = "ACCOUNT_KEYS", value_parser = secret)]
+    pub account_keys: SecretString,
+    /// Issuer (`iss`) the platform's account tokens must carry.
+    #[arg(long, env = "ACCOUNT_ISSUER", default_value = "platform")]
+    pub account_issuer: String,
+    /// Redis connection URL (the queue; shared by every gateway node).
+    #[arg(long, env = "REDIS_URL", value_parser = secret)]
+    pub redis_url: SecretString,
+    /// Prefix of every Redis key (namespaces a deployment; no braces).
+    #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "")]
+    pub redis_key_prefix: String,
+    /// Longest wait for one Redis call, in milliseconds.
+    #[arg(long, env = "GATEWAY_REDIS_TIMEOUT_MS", default_value_t = 500)]
+    pub redis_timeout_ms: u64,
+    /// How often this node runs the admission step and refreshes its view of every queue, in milliseconds.
+    #[arg(long, env = "GATEWAY_TICK_MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(20..=1000))]
+    pub tick_ms: u64,
+    /// Most admission credit that may pile up, in milliseconds of the admission rate (the burst bound).
+    #[arg(long, env = "GATEWAY_ADMIT_BURST_MS", default_value_t = 500)]
+    pub admit_burst_ms: u64,
+    /// A node whose view of a queue is older than this answers 503 instead of guessing, in milliseconds.
+    #[arg(long, env = "GATEWAY_STALE_AFTER_MS", default_value_t = 2000)]
+    pub stale_after_ms: u64,
+    /// Requests per second one admitted account may send to booking through the gateway.
+    #[arg(long, env = "GATEWAY_ACCOUNT_RPS", default_value_t = 20)]
+    pub account_rps: u32,
+    /// Burst above the per-account rate.
+    #[arg(long, env = "GATEWAY_ACCOUNT_BURST", default_value_t = 40)]
+    pub account_burst: u32,
+    /// Joins and status polls per second from one client IP (coarse: many fans may share an IP).
+    #[arg(long, env = "GATEWAY_IP_RPS", default_value_t = 50)]
+    pub ip_rps: u32,
+    /// Burst above the per-IP rate.
+    #[arg(long, env = "GATEWAY_IP_BURST", default_value_t = 200)]
+    pub ip_burst: u32,
+    /// Networks of trusted proxies (a CDN, a load balancer), comma-separated CIDRs. Only when the TCP peer is in
+    /// one is the client IP read from `CF-Connecting-IP` or `X-Forwarded-For`.
+    #[arg(long, env = "GATEWAY_TRUSTED_PROXIES", value_delimiter = ',', num_args = 0..)]
+    pub trusted_proxies: Vec<IpNet>,
+    /// Mark cookies `Secure` (turn off only for plain-HTTP development on a non-localhost name).
+    #[arg(long, env = "GATEWAY_COOKIE_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub cookie_secure: bool,
+    /// Lifetime of a queue ticket, in seconds.
+    #[arg(long, env = "GATEWAY_TICKET_TTL_SECONDS", default_value_t = 43_200)]
+    pub ticket_ttl_seconds: u64,
+    /// Worker threads of the public listener.
     #[arg(long, env = "GATEWAY_THREADS", default_value_t = 2)]
     pub threads: usize,
     /// Seconds a SIGTERM waits for in-flight requests before the gateway exits (SIGINT exits at once).
@@ -25,6 +95,66 @@ pub struct Config {
     pub grace_seconds: u64,
 }
 
+impl Config {
+    pub fn redis_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis_timeout_ms)
+    }
+
+    pub fn tick(&self) -> Duration {
+        Duration::from_millis(self.tick_ms)
+    }
+
+    pub fn stale_after(&self) -> Duration {
+        Duration::from_millis(self.stale_after_ms.max(self.tick_ms * 2))
+    }
+}
+
+/// `gateway admin ...`: a client of the admin listener.
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// The admin listener's base URL.
+    #[arg(long, env = "GATEWAY_ADMIN_URL", default_value = "http://127.0.0.1:18001")]
+    pub url: String,
+    /// The admin bearer token.
+    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", value_parser = secret)]
+    pub token: SecretString,
+    #[command(subcommand)]
+    pub action: AdminAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminAction {
+    /// Show an event's settings and live figures.
+    Get { event: i64 },
+    /// Create or change an event's waiting room; unset options stay as they are.
+    Set {
+        event: i64,
+        /// prequeue, open, paused or closed.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        admit_per_minute: Option<u32>,
+        #[arg(long)]
+        max_active: Option<u32>,
+        #[arg(long)]
+        session_seconds: Option<u32>,
+        #[arg(long)]
+        abandon_after_seconds: Option<u32>,
+        /// When the pre-queue opens: Unix seconds, `+N` for N seconds from now, or 0 to clear.
+        #[arg(long)]
+        opens_at: Option<String>,
+    },
+    /// Show the recorded pre-queue draw (seed, join order) and check it by recomputing every place.
+    Draw { event: i64 },
+}
+
 fn secret(raw: &str) -> Result<SecretString, String> {
     Ok(SecretString::from(raw.to_owned()))
+}
+
+fn admin_token(raw: &str) -> Result<SecretString, String> {
+    if raw.len() < 16 {
+        return Err("the admin token must be at least 16 characters".into());
+    }
+    secret(raw)
 }

@@ -96,6 +96,38 @@ impl AdmissionClaims {
     }
 }
 
+/// Audience of queue tickets: they come back to the waiting room that issued them.
+pub const TICKET_AUDIENCE: &str = "queue";
+
+/// Claims of a queue ticket: the gateway's signed record of a fan's place in an event's queue. Any gateway node
+/// can read it without asking Redis.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TicketClaims {
+    pub sub: AccountId,
+    pub evt: i64,
+    /// The place in the queue, from 1; 0 while the fan waits in the pre-queue (places are drawn at opening).
+    pub place: u64,
+    pub aud: String,
+    pub iss: String,
+    pub iat: u64,
+    pub exp: u64,
+}
+
+impl TicketClaims {
+    /// A ticket for `account`'s `place` in `event`'s queue, valid for `ttl_seconds` from `now`.
+    pub fn new(account: AccountId, event: i64, place: u64, now: u64, ttl_seconds: u64) -> Self {
+        Self {
+            sub: account,
+            evt: event,
+            place,
+            aud: TICKET_AUDIENCE.to_owned(),
+            iss: ADMISSION_ISSUER.to_owned(),
+            iat: now,
+            exp: now + ttl_seconds,
+        }
+    }
+}
+
 /// Claims of an account token.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountClaims {
@@ -104,6 +136,19 @@ pub struct AccountClaims {
     pub iss: String,
     pub iat: u64,
     pub exp: u64,
+}
+
+impl AccountClaims {
+    /// An account token for `account` from the platform `issuer`, valid for `ttl_seconds` from `now`.
+    pub fn new(account: AccountId, issuer: &str, now: u64, ttl_seconds: u64) -> Self {
+        Self {
+            sub: account,
+            aud: ACCOUNT_AUDIENCE.to_owned(),
+            iss: issuer.to_owned(),
+            iat: now,
+            exp: now + ttl_seconds,
+        }
+    }
 }
 
 /// Why a token was refused. Each variant maps to one stable error code.
@@ -186,14 +231,17 @@ pub fn find_admission_proof<'a>(
         let (scheme, token) = value.split_once(' ')?;
         scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
     });
-    bearer.or_else(|| {
-        cookies
-            .into_iter()
-            .flat_map(|v| v.split(';'))
-            .filter_map(|pair| pair.trim().split_once('='))
-            .find(|(k, _)| *k == ADMISSION_COOKIE)
-            .map(|(_, v)| v)
-    })
+    bearer.or_else(|| cookie(cookies, ADMISSION_COOKIE))
+}
+
+/// The value of cookie `name` among a request's `Cookie` header values.
+pub fn cookie<'a>(cookies: impl IntoIterator<Item = &'a str>, name: &str) -> Option<&'a str> {
+    cookies
+        .into_iter()
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
 }
 
 /// Why a keyring specification was refused (start-up only).
@@ -281,6 +329,11 @@ impl Keyring {
             TokenError::Expired => AdmissionRefusal::Expired,
             other => AdmissionRefusal::Invalid(other),
         })
+    }
+
+    /// Verifies a queue ticket issued by the waiting room.
+    pub fn verify_ticket(&self, token: &str) -> Result<TicketClaims, TokenError> {
+        self.verify(token, TICKET_AUDIENCE, ADMISSION_ISSUER)
     }
 
     /// Verifies an account token from the platform whose issuer is `issuer`.

@@ -104,3 +104,15 @@ fn account_ids_are_validated() {
         assert!(AccountId::parse(bad).is_err(), "{bad:?}");
     }
 }
+
+#[test]
+fn a_queue_ticket_is_not_an_admission_proof_nor_the_reverse() {
+    let ring = ring(&format!("k1:{SECRET_A}"));
+    let ticket = TicketClaims::new(account("fan-1"), 3, 17, unix_now(), 600);
+    let signed = ring.sign(&ticket);
+    assert_eq!(ring.verify_ticket(&signed), Ok(ticket));
+    assert_eq!(ring.verify_admission(&signed).map(|_| ()), Err(TokenError::WrongAudience));
+    let proof = ring.sign(&AdmissionClaims::new(account("fan-1"), 3, unix_now(), 600));
+    // An admission proof has no place: refused before its audience is even read.
+    assert!(ring.verify_ticket(&proof).is_err());
+}

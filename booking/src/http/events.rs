@@ -61,6 +61,19 @@ pub struct SeatMap {
     pub seats: Vec<SeatView>,
 }
 
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Availability {
+    pub event_id: i64,
+    /// Seats allocated to the event.
+    pub seats_on_sale: usize,
+    /// Seats in an active (reserved or paid) order.
+    pub seats_sold: usize,
+    /// On sale and not sold (some may be held right now and come back when the hold lapses).
+    pub seats_remaining: usize,
+    /// Every seat on sale is sold: the waiting room stops admitting and tells waiting fans.
+    pub sold_out: bool,
+}
+
 /// Parses a path event id and finds its catalogue: 400 for a malformed id, 404 for an unknown event.
 pub(super) async fn catalogue(state: &AppState, raw: i64) -> Result<Arc<Catalogue>, ApiError> {
     if raw <= 0 {
@@ -101,6 +114,35 @@ pub async fn get_event(
             .map(|t| TicketTypeView { ticket_type_id: t.id, name: t.name.clone(), price_cents: t.price_cents })
             .collect(),
         seats_on_sale: cat.seats().len(),
+    }))
+}
+
+/// How many seats are left, from Postgres (the truth); the gateway polls it to know when an event sells out.
+#[utoipa::path(get, path = "/events/{event_id}/availability", tag = "events",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("admission" = [])),
+    responses(
+        (status = 200, body = Availability),
+        (status = 400, body = super::ErrorBody), (status = 401, body = super::ErrorBody),
+        (status = 403, body = super::ErrorBody), (status = 404, body = super::ErrorBody),
+        (status = 503, body = super::ErrorBody),
+    ))]
+pub async fn get_availability(
+    State(state): State<AppState>,
+    ApiPath(event_id): ApiPath<i64>,
+    proof: Proof,
+) -> Result<Json<Availability>, ApiError> {
+    let event = EventId(event_id);
+    proof.account_for(event)?;
+    let cat = catalogue(&state, event_id).await?;
+    let on_sale = cat.seats().len();
+    let sold = usize::try_from(orders::sold_count(&state.pool, event).await?).unwrap_or(0).min(on_sale);
+    Ok(Json(Availability {
+        event_id,
+        seats_on_sale: on_sale,
+        seats_sold: sold,
+        seats_remaining: on_sale - sold,
+        sold_out: on_sale > 0 && sold == on_sale,
     }))
 }
 

@@ -98,10 +98,11 @@ pub async fn connect_postgres(cfg: &ServeConfig) -> anyhow::Result<PgPool> {
 pub fn router(state: AppState) -> Router {
     let limit = state.body_limit_bytes;
     // Install the Prometheus recorder before the first request, so no early count is lost.
-    ops::prometheus();
+    telemetry::prometheus();
     Router::new()
         .route("/events/{event_id}", get(events::get_event))
         .route("/events/{event_id}/seats", get(events::get_seats))
+        .route("/events/{event_id}/availability", get(events::get_availability))
         .route("/events/{event_id}/holds", post(holds::create_hold))
         .route("/events/{event_id}/holds/{hold_token}", delete(holds::release_hold))
         .route("/events/{event_id}/holds/{hold_token}/extend", post(holds::extend_hold))

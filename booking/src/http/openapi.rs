@@ -11,7 +11,7 @@ use super::{error, events, holds, ops, orders};
     info(title = "Booking API", description = "Seat holds and checkout behind the waiting-room gateway. Every \
         error body is `{\"error\": \"<code>\", \"message\": \"...\"}` plus details."),
     paths(
-        events::get_event, events::get_seats,
+        events::get_event, events::get_seats, events::get_availability,
         holds::create_hold, holds::release_hold, holds::extend_hold,
         orders::create_order,
         ops::healthz, ops::readyz,

@@ -1,29 +1,14 @@
 //! Liveness, readiness, metrics, the OpenAPI document and JSON answers for unknown routes.
 
-use std::sync::OnceLock;
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 
 use super::AppState;
 use super::error::ApiError;
 use crate::store::orders;
-
-/// The process-wide Prometheus recorder, installed on first use.
-pub fn prometheus() -> &'static PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE.get_or_init(|| {
-        let recorder = PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        // Fails only if another recorder was installed first; metrics then go there.
-        let _ = metrics::set_global_recorder(recorder);
-        handle
-    })
-}
 
 /// The process is up.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
@@ -52,7 +37,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Va
 
 /// Prometheus text exposition.
 pub async fn metrics() -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], prometheus().render()).into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], telemetry::prometheus().render()).into_response()
 }
 
 /// The OpenAPI document of this API, generated from the code.

@@ -90,6 +90,14 @@ pub async fn sold_seats(pool: &PgPool, event: EventId) -> Result<Vec<SeatId>, St
     Ok(ids.into_iter().map(SeatId).collect())
 }
 
+/// How many seats of the event are in an active (reserved or paid) order.
+pub async fn sold_count(pool: &PgPool, event: EventId) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM order_seats WHERE event_id = $1 AND active")
+        .bind(event.0)
+        .fetch_one(pool)
+        .await?)
+}
+
 /// A round trip to Postgres, for readiness.
 pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
     sqlx::query("SELECT 1").execute(pool).await?;

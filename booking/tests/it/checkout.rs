@@ -293,3 +293,33 @@ async fn a_seat_withdrawn_from_sale_after_the_hold_is_refused_at_checkout(pool: 
     assert_eq!(app.order_count().await, 0, "nothing half-written");
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn availability_counts_sales_and_reports_a_sell_out(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let availability = |account: &'static str| {
+        let url = app.url(&format!("/events/{}/availability", app.event));
+        app.send(app.client.get(url).bearer_auth(app.proof(account)))
+    };
+    let before = availability("fan-0").await;
+    assert_eq!(before.status, 200, "{}", before.body);
+    assert_eq!(before.body["seats_on_sale"], seats.len());
+    assert_eq!((before.body["seats_sold"].as_u64(), before.body["sold_out"].as_bool()), (Some(0), Some(false)));
+    // Every seat on sale bought, eight per account (the cap), all at once.
+    let buys = join_all(seats.chunks(8).enumerate().map(|(i, basket)| {
+        let app = &app;
+        async move {
+            let account = format!("buyer-{i}");
+            let hold = app.hold(&account, basket).await;
+            assert_eq!(hold.status, 201, "{}", hold.body);
+            app.checkout(&account, &hold.str("hold_token"), &format!("k-{i}")).await.status
+        }
+    }))
+    .await;
+    assert!(buys.iter().all(|s| *s == 201), "{buys:?}");
+    let after = availability("fan-0").await;
+    assert_eq!(after.body["seats_sold"], seats.len());
+    assert_eq!((after.body["seats_remaining"].as_u64(), after.body["sold_out"].as_bool()), (Some(0), Some(true)));
+    app.assert_invariants().await;
+}

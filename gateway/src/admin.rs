@@ -1,0 +1,229 @@
+//! The admin listener: its own port, an axum app run as a pingora background service. `/admin/...` needs the
+//! admin bearer token; `/metrics` (Prometheus) and `/healthz` do not.
+//!
+//! `GET /admin/events/{id}` answers from this node's view (so it shows what this node applies), `PUT` writes
+//! Redis, which every node reads within one tick.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::{Value, json};
+
+use crate::room::{Freshness, Rooms, Settings, SettingsPatch};
+use crate::store::{LazyStore, StateChange};
+
+/// The admin service.
+pub struct Admin {
+    pub listener: std::sync::Mutex<Option<std::net::TcpListener>>,
+    pub token: SecretString,
+    pub rooms: Arc<Rooms>,
+    pub store: LazyStore,
+    pub stale_after: Duration,
+}
+
+#[async_trait]
+impl BackgroundService for Admin {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let Some(std_listener) = self.listener.lock().ok().and_then(|mut l| l.take()) else { return };
+        let listener = match tokio::net::TcpListener::from_std(std_listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "admin listener unusable");
+                return;
+            }
+        };
+        let state = Arc::new(AdminState {
+            token: self.token.clone(),
+            rooms: self.rooms.clone(),
+            store: self.store.fork(),
+            stale_after: self.stale_after,
+        });
+        let app = router(state);
+        let stop = async move {
+            let _ = shutdown.changed().await;
+        };
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+            tracing::error!(error = %e, "admin listener stopped");
+        }
+    }
+}
+
+struct AdminState {
+    token: SecretString,
+    rooms: Arc<Rooms>,
+    store: LazyStore,
+    stale_after: Duration,
+}
+
+fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/admin/events/{event}", get(get_room).put(put_room))
+        .route("/admin/events/{event}/draw", get(get_draw))
+        .route("/metrics", get(|| async { telemetry::prometheus().render() }))
+        .route("/healthz", get(|| async { axum::Json(json!({ "status": "ok" })) }))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .with_state(state)
+}
+
+/// A refusal: the contract's JSON error body, with `Retry-After` when the store is down.
+struct Refused {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        let body = axum::Json(json!({ "error": self.code, "message": self.message }));
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            (self.status, [(header::RETRY_AFTER, "1")], body).into_response()
+        } else {
+            (self.status, body).into_response()
+        }
+    }
+}
+
+fn error(status: StatusCode, code: &'static str, message: &str) -> Refused {
+    Refused { status, code, message: message.to_owned() }
+}
+
+fn unavailable() -> Refused {
+    error(StatusCode::SERVICE_UNAVAILABLE, "queue_unavailable", "the queue's store is not answering")
+}
+
+/// Constant-time comparison of the bearer token.
+fn authorised(headers: &HeaderMap, token: &SecretString) -> bool {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let expected = token.expose_secret().as_bytes();
+    let given = given.as_bytes();
+    given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+fn event_id(raw: &str) -> Result<i64, Refused> {
+    match raw.parse::<i64>() {
+        Ok(id) if id > 0 => Ok(id),
+        _ => Err(error(StatusCode::BAD_REQUEST, "invalid_path", "event_id must be a positive integer")),
+    }
+}
+
+fn guard(state: &AdminState, headers: &HeaderMap, raw: &str) -> Result<i64, Refused> {
+    if !authorised(headers, &state.token) {
+        return Err(error(StatusCode::UNAUTHORIZED, "admin_token_required", "the admin API needs its bearer token"));
+    }
+    event_id(raw)
+}
+
+/// The settings as the admin API shows them (`opens_at` in Unix seconds, as it is set).
+fn settings_json(event: i64, s: &Settings) -> Value {
+    json!({
+        "event_id": event,
+        "state": s.state,
+        "admit_per_minute": s.admit_per_minute,
+        "max_active": s.max_active,
+        "session_seconds": s.session_seconds,
+        "abandon_after_seconds": s.abandon_after_seconds,
+        "opens_at": s.opens_at_ms.map(|ms| ms / 1000),
+        "version": s.version,
+    })
+}
+
+async fn get_room(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let room = state.rooms.fresh(event, state.stale_after).map_err(|f| match f {
+        Freshness::Unknown => {
+            error(StatusCode::NOT_FOUND, "queue_not_found", "this event has no waiting room; PUT creates one")
+        }
+        Freshness::Stale => unavailable(),
+    })?;
+    let live = &room.live;
+    let mut body = settings_json(event, &live.settings);
+    body["live"] = json!({
+            "waiting": live.waiting(),
+            "prequeue": live.prequeue,
+            "active": live.active,
+            "admitted_total": live.admitted_total,
+            "admissions_per_minute": live.admitted_last_minute,
+            "abandoned_total": live.abandoned_total,
+            "median_wait_seconds": live.median_wait_ms.map(|ms| ms as f64 / 1000.0),
+            "places_given": live.seq,
+            "head": live.head,
+            "view_age_ms": live.read_at.elapsed().as_millis() as u64,
+    });
+    Ok(axum::Json(body).into_response())
+}
+
+async fn put_room(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    body: Bytes,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let patch: SettingsPatch = serde_json::from_slice(&body)
+        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_settings", &e.to_string()))?;
+    patch.validate().map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, e.code(), &e.to_string()))?;
+    let store = state.store.get().map_err(|_| unavailable())?;
+    let seed = crate::shuffle::seed_from(rand::random());
+    let configured = store.configure(event, &patch, seed).await.map_err(|e| {
+        tracing::warn!(error = %e, event, "admin change failed");
+        unavailable()
+    })?;
+    let drawn = match configured.change {
+        Some(StateChange::Refused(current)) => {
+            return Err(error(
+                StatusCode::CONFLICT,
+                "state_change_refused",
+                &format!("the queue is {current} and has given out places; it cannot go back to prequeue"),
+            ));
+        }
+        Some(StateChange::Done { drawn }) => drawn,
+        _ => 0,
+    };
+    tracing::info!(event, ?patch, version = configured.settings.version, "waiting room changed");
+    let mut body = settings_json(event, &configured.settings);
+    body["drawn"] = json!(drawn);
+    Ok(axum::Json(body).into_response())
+}
+
+async fn get_draw(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let store = state.store.get().map_err(|_| unavailable())?;
+    let draw = store
+        .draw(event)
+        .await
+        .map_err(|_| unavailable())?
+        .ok_or_else(|| error(StatusCode::NOT_FOUND, "no_draw", "this event's pre-queue has not been drawn"))?;
+    let places = store.accounts_at(event, draw.base, draw.join_order.len() as u64).await.map_err(|_| unavailable())?;
+    let body: Value = json!({
+        "event_id": event,
+        "algorithm": "fisher-yates over the join order, driven by x <- x * 48271 mod 2147483647 from the seed",
+        "seed": draw.seed,
+        "base": draw.base,
+        "drawn_at_ms": draw.at_ms,
+        "join_order": draw.join_order,
+        "places": places,
+    });
+    Ok(axum::Json(body).into_response())
+}

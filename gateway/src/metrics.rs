@@ -1,0 +1,30 @@
+//! Prometheus metrics, served by the admin listener at `/metrics`. Labels stay low-cardinality: the event id
+//! (a handful per deployment) and the HTTP status, never an account or an IP.
+
+use crate::room::Live;
+
+/// The queue figures of one refresh, as gauges.
+pub fn record_room(event: i64, live: &Live) {
+    let label = event.to_string();
+    let set = |name: &'static str, value: f64| metrics::gauge!(name, "event" => label.clone()).set(value);
+    set("waiting_room_waiting", live.waiting() as f64);
+    set("waiting_room_prequeue", live.prequeue as f64);
+    set("waiting_room_active", live.active as f64);
+    set("waiting_room_admitted_total", live.admitted_total as f64);
+    set("waiting_room_admissions_per_minute", live.admitted_last_minute as f64);
+    set("waiting_room_abandoned_total", live.abandoned_total as f64);
+    set("waiting_room_admit_per_minute_setting", f64::from(live.settings.admit_per_minute));
+    if let Some(ms) = live.median_wait_ms {
+        set("waiting_room_median_wait_seconds", ms as f64 / 1000.0);
+    }
+}
+
+/// One request the gateway answered or proxied, by status.
+pub fn record_response(kind: &'static str, status: u16) {
+    metrics::counter!("gateway_responses_total", "kind" => kind, "status" => status.to_string()).increment(1);
+}
+
+/// One request refused by a rate limit.
+pub fn record_rate_limited(limit: &'static str) {
+    metrics::counter!("gateway_rate_limited_total", "limit" => limit).increment(1);
+}

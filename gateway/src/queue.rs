@@ -1,0 +1,361 @@
+//! The waiting room's public endpoints: join, status and the page. Each returns a [`Reply`] that the proxy
+//! writes. Status polls are answered from the node-local view ([`Rooms`]); only a join (and the first poll
+//! after a pre-queue draw) calls Redis.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokens::{AccountId, AdmissionClaims, Keyring, TicketClaims, TokenError, unix_now};
+
+use crate::room::{self, Freshness, QueueState, Rooms, Standing};
+use crate::store::{Joined, LazyStore, Stepped};
+
+/// Cookie carrying the platform's account token for browsers (set by the platform's login).
+pub const ACCOUNT_COOKIE: &str = "wr_account";
+
+/// Cookie carrying an event's queue ticket.
+pub fn ticket_cookie(event: i64) -> String {
+    format!("wr_queue_{event}")
+}
+
+/// A whole response: status, headers (repeatable, e.g. `set-cookie`), body.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(status: u16, body: &Value) -> Self {
+        Self {
+            status,
+            headers: vec![("content-type", "application/json".into()), ("cache-control", "no-store".into())],
+            body: Bytes::from(body.to_string()),
+        }
+    }
+
+    /// The contract's error body, `{"error", "message", ...details}`.
+    pub fn error(status: u16, code: &str, message: &str) -> Self {
+        Self::json(status, &json!({ "error": code, "message": message }))
+    }
+
+    /// An error with extra detail fields.
+    pub fn error_with(status: u16, code: &str, message: &str, details: Value) -> Self {
+        let mut body = json!({ "error": code, "message": message });
+        if let (Some(b), Value::Object(d)) = (body.as_object_mut(), details) {
+            b.extend(d);
+        }
+        Self::json(status, &body)
+    }
+
+    /// 503 with `Retry-After`: the queue's store is not answering.
+    pub fn unavailable() -> Self {
+        Self::error(503, "queue_unavailable", "the waiting room cannot reach its queue; retry shortly")
+            .header("retry-after", "1".into())
+    }
+
+    pub fn header(mut self, name: &'static str, value: String) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+}
+
+fn bearer(authorization: Option<&str>) -> Option<&str> {
+    let (scheme, token) = authorization?.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Tunables of the queue endpoints.
+#[derive(Debug, Clone)]
+pub struct QueueOptions {
+    pub account_issuer: String,
+    pub ticket_ttl_seconds: u64,
+    pub stale_after: Duration,
+    pub cookie_secure: bool,
+    pub admit_burst: Duration,
+    pub max_walk: u64,
+}
+
+/// The queue endpoints of one proxy service.
+pub struct Queue {
+    /// Signs admission proofs and queue tickets.
+    pub admission: Arc<Keyring>,
+    /// Verifies the platform's account tokens.
+    pub accounts: Keyring,
+    pub rooms: Arc<Rooms>,
+    pub store: LazyStore,
+    pub options: QueueOptions,
+}
+
+fn rfc3339(unix_seconds: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix_seconds as i64)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+impl Queue {
+    fn cookie(&self, name: &str, value: &str, path: &str, max_age: u64) -> String {
+        let secure = if self.options.cookie_secure { "; Secure" } else { "" };
+        format!("{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}")
+    }
+
+    fn ticket(&self, account: &AccountId, event: i64, place: u64) -> String {
+        self.admission.sign(&TicketClaims::new(
+            account.clone(),
+            event,
+            place,
+            unix_now(),
+            self.options.ticket_ttl_seconds,
+        ))
+    }
+
+    /// `POST /queue/{event}/join` with an account token.
+    pub async fn join(&self, event: i64, authorization: Option<&str>, cookies: &[&str]) -> Reply {
+        let Some(token) = bearer(authorization).or_else(|| tokens::cookie(cookies.iter().copied(), ACCOUNT_COOKIE))
+        else {
+            return Reply::error(401, "account_required", "joining needs an account token (Authorization: Bearer)");
+        };
+        let account = match self.accounts.verify_account(token, &self.options.account_issuer) {
+            Ok(claims) => claims.sub,
+            Err(TokenError::Expired) => return Reply::error(401, "account_expired", "the account token has expired"),
+            Err(e) => return Reply::error(401, "account_invalid", &format!("the account token is not valid: {e}")),
+        };
+        let Ok(store) = self.store.get() else { return Reply::unavailable() };
+        let mut joined = store.join(event, account.as_str()).await;
+        if matches!(joined, Ok(Joined::Opening)) {
+            // The pre-queue's opening time has passed and no ticker has opened it yet: open it (the script
+            // does nothing if another node just did), then join as a live fan.
+            let seed = crate::shuffle::seed_from(rand::random());
+            if store.set_state(event, QueueState::Open, seed, Some(QueueState::Prequeue)).await.is_err() {
+                return Reply::unavailable();
+            }
+            joined = store.join(event, account.as_str()).await;
+        }
+        let joined = match joined {
+            Ok(joined) => joined,
+            Err(e) => {
+                tracing::warn!(error = %e, event, "join failed");
+                return Reply::unavailable();
+            }
+        };
+        match joined {
+            Joined::Unknown | Joined::Opening => Reply::error(404, "queue_not_found", "this event has no waiting room"),
+            Joined::Closed(state) => closed(state),
+            Joined::Prequeue { count } => {
+                let ticket = self.ticket(&account, event, 0);
+                let opens_at_ms = self.rooms.get(event).and_then(|r| r.live.settings.opens_at_ms);
+                self.with_ticket(self.prequeue_body(event, count, opens_at_ms), event, &ticket)
+            }
+            Joined::Place { place, head, fresh } => {
+                let ticket = self.ticket(&account, event, place);
+                let body = self.placed_body(store, event, &account, place, head, fresh).await;
+                self.with_ticket(body, event, &ticket)
+            }
+        }
+    }
+
+    async fn placed_body(
+        &self,
+        store: &crate::store::QueueStore,
+        event: i64,
+        account: &AccountId,
+        place: u64,
+        head: u64,
+        fresh: bool,
+    ) -> Reply {
+        let room = self.rooms.get(event);
+        let now_ms = room.as_ref().map_or(unix_now() * 1000, |r| r.live.now_ms());
+        let settings = room.as_ref().map_or(room::Settings::DEFAULT, |r| r.live.settings.clone());
+        if fresh && place == head + 1 && settings.state == QueueState::Open {
+            // First in line: one admission step now, so a fan who arrives while there is room and nobody waits
+            // is admitted at once rather than at the next tick.
+            if let Ok(Stepped::Moved { head: new_head, .. }) =
+                store.admit(event, self.options.max_walk, self.options.admit_burst).await
+                && new_head >= place
+            {
+                // Bring this node's view up to the step, so the fan's next poll here agrees with this answer.
+                if let Err(e) = crate::ticker::refresh(store, &self.rooms, event).await {
+                    tracing::warn!(error = %e, event, "refresh after an immediate admission failed");
+                }
+                let until_ms = now_ms + u64::from(settings.session_seconds) * 1000;
+                return self.admitted(event, account, now_ms, until_ms);
+            }
+        }
+        if place <= head {
+            // Already admitted earlier (joining again within the session): the status path knows the details.
+            return match room {
+                Some(room) => self.standing_reply(event, account, &room, place, now_ms),
+                None => Reply::unavailable(),
+            };
+        }
+        self.waiting(event, &settings, place - head)
+    }
+
+    fn with_ticket(&self, reply: Reply, event: i64, ticket: &str) -> Reply {
+        let mut reply = reply;
+        if let Ok(mut body) = serde_json::from_slice::<Value>(&reply.body)
+            && let Some(obj) = body.as_object_mut()
+        {
+            obj.insert("ticket".into(), Value::String(ticket.to_owned()));
+            reply.body = Bytes::from(body.to_string());
+        }
+        let cookie =
+            self.cookie(&ticket_cookie(event), ticket, &format!("/queue/{event}"), self.options.ticket_ttl_seconds);
+        reply.header("set-cookie", cookie)
+    }
+
+    fn prequeue_body(&self, event: i64, count: u64, opens_at_ms: Option<u64>) -> Reply {
+        let eta = opens_at_ms.map(|at| (at / 1000).saturating_sub(unix_now()));
+        let poll = room::poll_after_ms(&room::Settings::DEFAULT, eta, jitter());
+        Reply::json(
+            200,
+            &json!({
+                "event_id": event,
+                "state": "waiting",
+                "prequeue": true,
+                "position": null,
+                "prequeue_size": count,
+                "opens_at": opens_at_ms.map(|ms| rfc3339(ms / 1000)),
+                "eta_seconds": eta,
+                "poll_after_ms": poll,
+            }),
+        )
+    }
+
+    fn waiting(&self, event: i64, settings: &room::Settings, position: u64) -> Reply {
+        let state = match settings.state {
+            QueueState::Open | QueueState::Prequeue => "waiting",
+            other => other.as_str(),
+        };
+        let eta = room::eta_seconds(settings, position);
+        Reply::json(
+            200,
+            &json!({
+                "event_id": event,
+                "state": state,
+                "prequeue": false,
+                "position": position,
+                "eta_seconds": eta,
+                "poll_after_ms": room::poll_after_ms(settings, eta, jitter()),
+            }),
+        )
+    }
+
+    fn admitted(&self, event: i64, account: &AccountId, at_ms: u64, until_ms: u64) -> Reply {
+        let now = unix_now();
+        let exp = until_ms / 1000;
+        let claims = AdmissionClaims { iat: at_ms / 1000, exp, ..AdmissionClaims::new(account.clone(), event, now, 0) };
+        let proof = self.admission.sign(&claims);
+        let cookie =
+            self.cookie(tokens::ADMISSION_COOKIE, &proof, &format!("/events/{event}"), exp.saturating_sub(now));
+        Reply::json(
+            200,
+            &json!({
+                "event_id": event,
+                "state": "admitted",
+                "admission_token": proof,
+                "admitted_at": rfc3339(at_ms / 1000),
+                "expires_at": rfc3339(exp),
+                "next": format!("/events/{event}/seats"),
+            }),
+        )
+        .header("set-cookie", cookie)
+    }
+
+    fn standing_reply(&self, event: i64, account: &AccountId, room: &room::Room, place: u64, now_ms: u64) -> Reply {
+        let standing = match room.history.read() {
+            Ok(history) => room::standing(&room.live, &history, place, now_ms),
+            Err(_) => return Reply::unavailable(),
+        };
+        match standing {
+            Standing::Prequeue { count, opens_at_ms } => self.prequeue_body(event, count, opens_at_ms),
+            Standing::Waiting { position } => self.waiting(event, &room.live.settings, position),
+            Standing::Admitted { at_ms, until_ms } => self.admitted(event, account, at_ms, until_ms),
+            Standing::Lapsed => Reply::error(
+                409,
+                "place_lapsed",
+                "your turn came while you were away, so your place was released; join again for a new one",
+            ),
+            Standing::SessionEnded => {
+                Reply::error(409, "session_ended", "your admission has ended; join again for a new place")
+            }
+            // Handled by the caller, which looks the place up.
+            Standing::Drawn => Reply::unavailable(),
+        }
+    }
+
+    /// `GET /queue/{event}/status` with a queue ticket.
+    pub async fn status(&self, event: i64, authorization: Option<&str>, cookies: &[&str]) -> Reply {
+        let cookie_name = ticket_cookie(event);
+        let Some(token) = bearer(authorization).or_else(|| tokens::cookie(cookies.iter().copied(), &cookie_name))
+        else {
+            return Reply::error(401, "ticket_required", "polling needs the queue ticket that joining gave");
+        };
+        let ticket = match self.admission.verify_ticket(token) {
+            Ok(ticket) => ticket,
+            Err(TokenError::Expired) => {
+                return Reply::error(401, "ticket_expired", "the queue ticket has expired; join again");
+            }
+            Err(e) => return Reply::error(401, "ticket_invalid", &format!("the queue ticket is not valid: {e}")),
+        };
+        if ticket.evt != event {
+            return Reply::error(403, "ticket_wrong_event", "the queue ticket is for another event");
+        }
+        let room = match self.rooms.fresh(event, self.options.stale_after) {
+            Ok(room) => room,
+            Err(Freshness::Unknown) => return Reply::error(404, "queue_not_found", "this event has no waiting room"),
+            Err(Freshness::Stale) => return Reply::unavailable(),
+        };
+        self.rooms.seen(event, ticket.sub.as_str());
+        if let Some(reply) = closed_for_waiting(&room.live.settings, ticket.place, room.live.head) {
+            return reply;
+        }
+        let now_ms = room.live.now_ms();
+        if ticket.place == 0 && room.live.settings.state != QueueState::Prequeue {
+            // The pre-queue was drawn: learn this fan's place once, and hand out a ticket that carries it.
+            let Ok(store) = self.store.get() else { return Reply::unavailable() };
+            return match store.place_of(event, ticket.sub.as_str()).await {
+                Ok(Some(place)) => {
+                    let reply = self.standing_reply(event, &ticket.sub, &room, place, now_ms);
+                    self.with_ticket(reply, event, &self.ticket(&ticket.sub, event, place))
+                }
+                Ok(None) => Reply::error(
+                    409,
+                    "place_lapsed",
+                    "your place was released while you were away; join again for a new one",
+                ),
+                Err(_) => Reply::unavailable(),
+            };
+        }
+        self.standing_reply(event, &ticket.sub, &room, ticket.place, now_ms)
+    }
+}
+
+/// For a waiting fan of a closed or sold-out queue: the answer that says so.
+fn closed_for_waiting(settings: &room::Settings, place: u64, head: u64) -> Option<Reply> {
+    let waiting = place == 0 || place > head;
+    (waiting && matches!(settings.state, QueueState::Closed | QueueState::SoldOut)).then(|| {
+        Reply::json(
+            200,
+            &json!({ "state": settings.state.as_str(), "position": null, "eta_seconds": null, "poll_after_ms": 30_000 }),
+        )
+    })
+}
+
+fn closed(state: QueueState) -> Reply {
+    let (code, message) = if state == QueueState::SoldOut {
+        ("sold_out", "every seat of this event is sold")
+    } else {
+        ("queue_closed", "this waiting room is closed")
+    };
+    Reply::error_with(409, code, message, json!({ "state": state.as_str() }))
+}
+
+/// A factor in 0.8..1.2 that spreads polls.
+fn jitter() -> f64 {
+    0.8 + rand::random::<f64>() * 0.4
+}

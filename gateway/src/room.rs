@@ -1,0 +1,395 @@
+//! A waiting room as one gateway node sees it: the settings and queue figures it refreshes from Redis a few
+//! times a second, and the pure decisions made from them (a fan's standing, ETA, poll pacing). No I/O here:
+//! status polls are answered from this node-local view, so they never touch Redis one by one.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// The state of an event's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueState {
+    /// Before the opening: joiners wait unordered; their places are drawn at random when it opens.
+    Prequeue,
+    /// Admitting in queue order at the configured rate.
+    Open,
+    /// Nobody is admitted; places are kept.
+    Paused,
+    /// Nobody joins or is admitted.
+    Closed,
+    /// Booking reported every seat sold: nobody joins or is admitted, and waiting fans are told.
+    SoldOut,
+}
+
+impl QueueState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueState::Prequeue => "prequeue",
+            QueueState::Open => "open",
+            QueueState::Paused => "paused",
+            QueueState::Closed => "closed",
+            QueueState::SoldOut => "sold_out",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        Some(match raw {
+            "prequeue" => QueueState::Prequeue,
+            "open" => QueueState::Open,
+            "paused" => QueueState::Paused,
+            "closed" => QueueState::Closed,
+            "sold_out" => QueueState::SoldOut,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for QueueState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An event's waiting-room settings, as operators set them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Settings {
+    pub state: QueueState,
+    /// Fans admitted per minute while open.
+    pub admit_per_minute: u32,
+    /// Most fans admitted within one session window.
+    pub max_active: u32,
+    /// How long an admission lasts (the admission proof's lifetime), in seconds.
+    pub session_seconds: u32,
+    /// A waiting fan not seen (join or poll) for this long is skipped when its turn comes, in seconds.
+    pub abandon_after_seconds: u32,
+    /// When the pre-queue opens by itself, Unix milliseconds; `None` waits for an operator.
+    pub opens_at_ms: Option<u64>,
+    /// Bumped on every change.
+    pub version: u64,
+}
+
+impl Settings {
+    /// Defaults of a newly configured room.
+    pub const DEFAULT: Settings = Settings {
+        state: QueueState::Open,
+        admit_per_minute: 600,
+        max_active: 2000,
+        session_seconds: 900,
+        abandon_after_seconds: 60,
+        opens_at_ms: None,
+        version: 0,
+    };
+
+    /// Reads the Redis hash; `None` when the room is not configured or the hash is damaged.
+    pub fn from_hash(hash: &HashMap<String, String>) -> Option<Settings> {
+        let num = |name: &str| hash.get(name).and_then(|v| v.parse::<u64>().ok());
+        let small = |name: &str| num(name).and_then(|v| u32::try_from(v).ok());
+        Some(Settings {
+            state: QueueState::parse(hash.get("state")?)?,
+            admit_per_minute: small("admit_per_minute")?,
+            max_active: small("max_active")?,
+            session_seconds: small("session_seconds")?,
+            abandon_after_seconds: small("abandon_after_seconds")?,
+            opens_at_ms: num("opens_at").filter(|&ms| ms > 0),
+            version: num("version").unwrap_or(0),
+        })
+    }
+}
+
+/// A change operators ask for; absent fields stay as they are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettingsPatch {
+    pub state: Option<QueueState>,
+    pub admit_per_minute: Option<u32>,
+    pub max_active: Option<u32>,
+    pub session_seconds: Option<u32>,
+    pub abandon_after_seconds: Option<u32>,
+    /// Unix seconds; 0 clears it.
+    pub opens_at: Option<u64>,
+}
+
+/// Why a settings change was refused (a 422 with this code).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatchError {
+    #[error("{field} must be between {min} and {max}")]
+    OutOfRange { field: &'static str, min: u64, max: u64 },
+    #[error("sold_out is set by the gateway when booking reports it, not by operators")]
+    SoldOutIsNotSettable,
+    #[error("the change is empty")]
+    Empty,
+}
+
+impl PatchError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            PatchError::OutOfRange { .. } => "setting_out_of_range",
+            PatchError::SoldOutIsNotSettable => "state_not_settable",
+            PatchError::Empty => "empty_change",
+        }
+    }
+}
+
+impl SettingsPatch {
+    /// Checks every field's range.
+    pub fn validate(&self) -> Result<(), PatchError> {
+        if *self == SettingsPatch::default() {
+            return Err(PatchError::Empty);
+        }
+        if self.state == Some(QueueState::SoldOut) {
+            return Err(PatchError::SoldOutIsNotSettable);
+        }
+        let ranges: [(&'static str, Option<u32>, u64, u64); 4] = [
+            ("admit_per_minute", self.admit_per_minute, 1, 1_000_000),
+            ("max_active", self.max_active, 1, 10_000_000),
+            ("session_seconds", self.session_seconds, 10, 86_400),
+            ("abandon_after_seconds", self.abandon_after_seconds, 5, 86_400),
+        ];
+        for (field, value, min, max) in ranges {
+            if let Some(v) = value
+                && !(min..=max).contains(&u64::from(v))
+            {
+                return Err(PatchError::OutOfRange { field, min, max });
+            }
+        }
+        if let Some(at) = self.opens_at
+            && at > 4_102_444_800
+        {
+            return Err(PatchError::OutOfRange { field: "opens_at", min: 0, max: 4_102_444_800 });
+        }
+        Ok(())
+    }
+}
+
+/// One admission step that moved the head: places `from + 1 ..= to`, `admitted` of them admitted at `at_ms`
+/// (the others were skipped as abandoned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    pub from: u64,
+    pub to: u64,
+    pub at_ms: u64,
+    pub admitted: u64,
+}
+
+impl Batch {
+    /// Parses the Redis member `from:to:at_ms:admitted`.
+    pub fn parse(member: &str) -> Option<Batch> {
+        let mut parts = member.split(':').map(|p| p.parse::<u64>().ok());
+        let batch = Batch { from: parts.next()??, to: parts.next()??, at_ms: parts.next()??, admitted: parts.next()?? };
+        (parts.next().is_none() && batch.from < batch.to).then_some(batch)
+    }
+}
+
+/// The queue figures of one refresh, replaced whole each time.
+#[derive(Debug, Clone)]
+pub struct Live {
+    pub settings: Settings,
+    /// The last place given out.
+    pub seq: u64,
+    /// The last place the admission step has passed.
+    pub head: u64,
+    /// Fans admitted within the session window (as of the last step).
+    pub active: u64,
+    pub admitted_total: u64,
+    pub abandoned_total: u64,
+    /// Fans in the pre-queue.
+    pub prequeue: u64,
+    /// Median wait from join to admission over the last 1000 admitted fans.
+    pub median_wait_ms: Option<u64>,
+    /// Fans admitted over the last minute, from the step history.
+    pub admitted_last_minute: u64,
+    /// Redis's clock at the refresh, Unix ms.
+    pub redis_ms: u64,
+    /// When this node read it.
+    pub read_at: Instant,
+}
+
+impl Live {
+    /// Fans waiting for their turn (including any who abandoned and are not skipped yet).
+    pub fn waiting(&self) -> u64 {
+        self.seq.saturating_sub(self.head)
+    }
+
+    /// Redis's clock now, estimated from the refresh.
+    pub fn now_ms(&self) -> u64 {
+        self.redis_ms + self.read_at.elapsed().as_millis() as u64
+    }
+}
+
+/// What every step did, accumulated from the start: enough to tell any place's fate without asking Redis.
+#[derive(Debug, Default)]
+pub struct History {
+    /// Steps by their `to`.
+    pub batches: BTreeMap<u64, Batch>,
+    /// Places skipped as abandoned.
+    pub skipped: BTreeSet<u64>,
+}
+
+impl History {
+    /// The highest `to` known (fetch strictly above it next time).
+    pub fn last_to(&self) -> u64 {
+        self.batches.last_key_value().map_or(0, |(to, _)| *to)
+    }
+
+    pub fn last_skipped(&self) -> u64 {
+        self.skipped.last().copied().unwrap_or(0)
+    }
+
+    /// When `place` was admitted, if it was.
+    pub fn admitted_at(&self, place: u64) -> Option<u64> {
+        if self.skipped.contains(&place) {
+            return None;
+        }
+        let (_, batch) = self.batches.range(place..).next()?;
+        (batch.from < place).then_some(batch.at_ms)
+    }
+
+    /// Fans admitted in steps at or after `since_ms`.
+    pub fn admitted_since(&self, since_ms: u64) -> u64 {
+        self.batches.values().rev().take_while(|b| b.at_ms >= since_ms).map(|b| b.admitted).sum()
+    }
+}
+
+/// Where a fan stands, from its ticket's place and the node-local view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// In the pre-queue, before the draw.
+    Prequeue { count: u64, opens_at_ms: Option<u64> },
+    /// A pre-queue ticket after the draw: its place must be looked up once.
+    Drawn,
+    /// Waiting: `position` 1 is next.
+    Waiting { position: u64 },
+    /// Admitted at `at_ms`; the session lasts until `until_ms`.
+    Admitted { at_ms: u64, until_ms: u64 },
+    /// Skipped as abandoned: join again for a new place.
+    Lapsed,
+    /// Admitted, but the session is over: join again for a new place.
+    SessionEnded,
+}
+
+/// A fan's standing. `place` 0 is a pre-queue ticket.
+pub fn standing(live: &Live, history: &History, place: u64, now_ms: u64) -> Standing {
+    if place == 0 {
+        return if live.settings.state == QueueState::Prequeue {
+            Standing::Prequeue { count: live.prequeue, opens_at_ms: live.settings.opens_at_ms }
+        } else {
+            Standing::Drawn
+        };
+    }
+    if place > live.head {
+        return Standing::Waiting { position: place - live.head };
+    }
+    if history.skipped.contains(&place) {
+        return Standing::Lapsed;
+    }
+    match history.admitted_at(place) {
+        Some(at_ms) => {
+            let until_ms = at_ms + u64::from(live.settings.session_seconds) * 1000;
+            if until_ms > now_ms { Standing::Admitted { at_ms, until_ms } } else { Standing::SessionEnded }
+        }
+        // Passed, neither skipped nor in any known step: the steps were trimmed or lost; the fan must rejoin.
+        None => Standing::SessionEnded,
+    }
+}
+
+/// Seconds until a fan at `position` is admitted at the configured rate (`None` while nobody is admitted).
+pub fn eta_seconds(settings: &Settings, position: u64) -> Option<u64> {
+    (settings.state == QueueState::Open && settings.admit_per_minute > 0)
+        .then(|| (position * 60).div_ceil(u64::from(settings.admit_per_minute)))
+}
+
+/// How long a fan should wait before polling again: a quarter of its ETA, between 1 and 10 s, never more than a
+/// quarter of the abandonment grace (so a polling fan is never taken for gone), spread by `jitter` in
+/// 0.8..1.2 so fans who joined together do not poll together.
+pub fn poll_after_ms(settings: &Settings, eta_seconds: Option<u64>, jitter: f64) -> u64 {
+    let ceiling = (u64::from(settings.abandon_after_seconds) * 250).clamp(1000, 10_000);
+    let base = eta_seconds.map_or(5000, |eta| eta * 250).clamp(1000, ceiling);
+    (base as f64 * jitter.clamp(0.8, 1.2)) as u64
+}
+
+/// An event's room on this node.
+#[derive(Debug)]
+pub struct Room {
+    pub live: Live,
+    pub history: Arc<RwLock<History>>,
+}
+
+/// Every room this node knows, and the fans whose polls it served since the last flush to Redis.
+#[derive(Debug, Default)]
+pub struct Rooms {
+    rooms: RwLock<HashMap<i64, Arc<Room>>>,
+    /// When the list of rooms was last read from Redis.
+    listed_at: RwLock<Option<Instant>>,
+    seen: Mutex<HashMap<i64, HashSet<String>>>,
+}
+
+impl Rooms {
+    pub fn get(&self, event: i64) -> Option<Arc<Room>> {
+        self.rooms.read().ok()?.get(&event).cloned()
+    }
+
+    /// The room if this node's view of it is fresher than `max_age`.
+    pub fn fresh(&self, event: i64, max_age: Duration) -> Result<Arc<Room>, Freshness> {
+        let listed = self.listed_at.read().ok().and_then(|at| *at);
+        if listed.is_none_or(|at| at.elapsed() > max_age) {
+            return Err(Freshness::Stale);
+        }
+        let room = self.get(event).ok_or(Freshness::Unknown)?;
+        if room.live.read_at.elapsed() > max_age { Err(Freshness::Stale) } else { Ok(room) }
+    }
+
+    /// Replaces the view of a room, unless the one held is newer (a join's refresh can race the ticker's).
+    pub fn put(&self, event: i64, room: Room) {
+        if let Ok(mut rooms) = self.rooms.write() {
+            if rooms.get(&event).is_some_and(|held| held.live.redis_ms > room.live.redis_ms) {
+                return;
+            }
+            rooms.insert(event, Arc::new(room));
+        }
+    }
+
+    /// Records a successful listing of the configured rooms, forgetting the others.
+    pub fn listed(&self, events: &[i64]) {
+        if let Ok(mut rooms) = self.rooms.write() {
+            rooms.retain(|id, _| events.contains(id));
+        }
+        if let Ok(mut at) = self.listed_at.write() {
+            *at = Some(Instant::now());
+        }
+    }
+
+    pub fn events(&self) -> Vec<i64> {
+        self.rooms.read().map(|r| r.keys().copied().collect()).unwrap_or_default()
+    }
+
+    /// Notes that `account` polled, to be flushed to Redis with the others.
+    pub fn seen(&self, event: i64, account: &str) {
+        if let Ok(mut seen) = self.seen.lock() {
+            let set = seen.entry(event).or_default();
+            if !set.contains(account) {
+                set.insert(account.to_owned());
+            }
+        }
+    }
+
+    /// Takes the accounts seen since the last call.
+    pub fn take_seen(&self, event: i64) -> Vec<String> {
+        self.seen.lock().ok().and_then(|mut s| s.remove(&event)).map(|s| s.into_iter().collect()).unwrap_or_default()
+    }
+}
+
+/// Why a room's view could not be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freshness {
+    /// No waiting room is configured for the event (as of the last refresh).
+    Unknown,
+    /// The view is older than allowed: Redis is not answering.
+    Stale,
+}
+
+#[cfg(test)]
+mod tests;

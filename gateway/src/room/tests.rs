@@ -1,0 +1,109 @@
+use super::*;
+
+fn live(state: QueueState, seq: u64, head: u64) -> Live {
+    Live {
+        settings: Settings { state, ..Settings::DEFAULT },
+        seq,
+        head,
+        active: 0,
+        admitted_total: 0,
+        abandoned_total: 0,
+        prequeue: 0,
+        median_wait_ms: None,
+        admitted_last_minute: 0,
+        redis_ms: 1_000_000,
+        read_at: Instant::now(),
+    }
+}
+
+fn history(batches: &[&str], skipped: &[u64]) -> History {
+    let mut h = History::default();
+    for b in batches {
+        let batch = Batch::parse(b).expect("batch");
+        h.batches.insert(batch.to, batch);
+    }
+    h.skipped.extend(skipped);
+    h
+}
+
+#[test]
+fn a_place_is_waiting_admitted_lapsed_or_ended() {
+    let live = live(QueueState::Open, 20, 10);
+    let h = history(&["0:4:1000:4", "4:10:2000:5"], &[7]);
+    let now = 3000;
+    assert_eq!(standing(&live, &h, 11, now), Standing::Waiting { position: 1 });
+    assert_eq!(standing(&live, &h, 20, now), Standing::Waiting { position: 10 });
+    assert_eq!(standing(&live, &h, 4, now), Standing::Admitted { at_ms: 1000, until_ms: 901_000 });
+    assert_eq!(standing(&live, &h, 5, now), Standing::Admitted { at_ms: 2000, until_ms: 902_000 });
+    assert_eq!(standing(&live, &h, 7, now), Standing::Lapsed);
+    assert_eq!(standing(&live, &h, 1, 901_000), Standing::SessionEnded);
+}
+
+#[test]
+fn pre_queue_tickets_wait_until_the_draw() {
+    let h = History::default();
+    assert!(matches!(standing(&live(QueueState::Prequeue, 0, 0), &h, 0, 0), Standing::Prequeue { .. }));
+    assert_eq!(standing(&live(QueueState::Open, 5, 0), &h, 0, 0), Standing::Drawn);
+}
+
+#[test]
+fn batches_parse_strictly() {
+    assert_eq!(
+        Batch::parse("3:9:1700000000000:5"),
+        Some(Batch { from: 3, to: 9, at_ms: 1_700_000_000_000, admitted: 5 })
+    );
+    for bad in ["", "1:2:3", "1:2:3:4:5", "9:3:1:1", "a:b:c:d", "1:1:5:0"] {
+        assert_eq!(Batch::parse(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn admissions_in_the_last_minute_come_from_recent_steps() {
+    let h = history(&["0:4:1000:4", "4:10:61000:5", "10:12:70000:2"], &[]);
+    assert_eq!(h.admitted_since(10_000), 7);
+    assert_eq!(h.last_to(), 12);
+}
+
+#[test]
+fn eta_and_poll_pacing_follow_the_rate() {
+    let open = Settings { admit_per_minute: 600, ..Settings::DEFAULT };
+    assert_eq!(eta_seconds(&open, 1), Some(1));
+    assert_eq!(eta_seconds(&open, 600), Some(60));
+    assert_eq!(eta_seconds(&Settings { state: QueueState::Paused, ..open.clone() }, 5), None);
+    assert_eq!(poll_after_ms(&open, Some(1), 1.0), 1000);
+    assert_eq!(poll_after_ms(&open, Some(3600), 1.0), 10_000);
+    assert_eq!(poll_after_ms(&open, Some(3600), 5.0), 12_000, "jitter is clamped to +20%");
+    let short_grace = Settings { abandon_after_seconds: 8, ..open };
+    assert_eq!(poll_after_ms(&short_grace, Some(3600), 1.0), 2000, "a quarter of the grace");
+}
+
+#[test]
+fn settings_changes_are_range_checked() {
+    assert_eq!(SettingsPatch::default().validate(), Err(PatchError::Empty));
+    let zero_rate = SettingsPatch { admit_per_minute: Some(0), ..Default::default() };
+    assert!(matches!(zero_rate.validate(), Err(PatchError::OutOfRange { field: "admit_per_minute", .. })));
+    let sold = SettingsPatch { state: Some(QueueState::SoldOut), ..Default::default() };
+    assert_eq!(sold.validate(), Err(PatchError::SoldOutIsNotSettable));
+    let ok = SettingsPatch { state: Some(QueueState::Paused), max_active: Some(100), ..Default::default() };
+    assert_eq!(ok.validate(), Ok(()));
+}
+
+#[test]
+fn settings_read_from_redis_need_every_field() {
+    let mut hash: HashMap<String, String> = [
+        ("state", "open"),
+        ("admit_per_minute", "60"),
+        ("max_active", "10"),
+        ("session_seconds", "600"),
+        ("abandon_after_seconds", "30"),
+        ("opens_at", "0"),
+        ("version", "3"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let s = Settings::from_hash(&hash).expect("settings");
+    assert_eq!((s.state, s.admit_per_minute, s.opens_at_ms, s.version), (QueueState::Open, 60, None, 3));
+    hash.remove("max_active");
+    assert_eq!(Settings::from_hash(&hash), None);
+}

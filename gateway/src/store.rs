@@ -1,0 +1,453 @@
+//! The waiting room's Redis side: the one place queue keys are built, and one typed method per script in
+//! `lua/` (sent with EVALSHA; the redis crate loads the script again after NOSCRIPT) or per read.
+//!
+//! pingora runs each service on its own runtime, and a Redis connection belongs to the runtime that made it,
+//! so each part of the gateway (proxy, ticker, admin) holds its own [`LazyStore`], connected on first use from
+//! inside its runtime. Every call is bounded by a timeout.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, Script, Value};
+
+use crate::room::{Batch, QueueState, Settings, SettingsPatch};
+
+/// Why a Redis call did not give an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("unexpected reply from redis: {0}")]
+    Reply(String),
+}
+
+/// Builds every key of one event's queue. The prefix namespaces a deployment (or a test) and never contains a
+/// brace, so `{ev<id>}` is the key's hash tag.
+#[derive(Debug, Clone)]
+pub struct QueueKeys {
+    base: String,
+}
+
+/// The keys every queue script receives, in this order (the scripts' headers list them).
+const KEY_NAMES: [&str; 15] = [
+    "settings", "seq", "head", "places", "who", "joined", "seen", "active", "skipped", "batches", "stats", "waits",
+    "pre", "prelist", "shuffle",
+];
+
+impl QueueKeys {
+    pub fn new(prefix: &str, event: i64) -> Self {
+        Self { base: format!("{prefix}queue:{{ev{event}}}:") }
+    }
+
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.base)
+    }
+
+    /// All fifteen keys, in script order.
+    pub fn all(&self) -> Vec<String> {
+        KEY_NAMES.iter().map(|name| self.key(name)).collect()
+    }
+}
+
+/// The set of events that have a waiting room (no hash tag: read on its own, never inside a script).
+pub fn rooms_key(prefix: &str) -> String {
+    format!("{prefix}queue:rooms")
+}
+
+struct Scripts {
+    join: Script,
+    admit: Script,
+    set_state: Script,
+    touch: Script,
+}
+
+impl Scripts {
+    fn load() -> Self {
+        Self {
+            join: Script::new(include_str!("../../lua/queue_join.lua")),
+            admit: Script::new(include_str!("../../lua/queue_admit.lua")),
+            set_state: Script::new(include_str!("../../lua/queue_set_state.lua")),
+            touch: Script::new(include_str!("../../lua/queue_touch.lua")),
+        }
+    }
+}
+
+/// What joining gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Joined {
+    /// No waiting room is configured for this event.
+    Unknown,
+    /// The queue takes nobody now.
+    Closed(QueueState),
+    /// The pre-queue's opening time has passed: open it and join again.
+    Opening,
+    /// In the pre-queue, with `count` fans.
+    Prequeue { count: u64 },
+    /// The account's place; `head` is the last place passed; `fresh` if given now.
+    Place { place: u64, head: u64, fresh: bool },
+}
+
+/// What an admission step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stepped {
+    Idle,
+    Opening,
+    Moved { head: u64, seq: u64, admitted: u64, skipped: u64 },
+}
+
+/// What a state change did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateChange {
+    Unknown,
+    /// The state was not the one expected; nothing done.
+    Changed(String),
+    /// Back to prequeue after places were given: refused.
+    Refused(String),
+    Done {
+        drawn: u64,
+    },
+}
+
+/// One read of an event's queue (an atomic MULTI/EXEC), with the steps and skips after what the node knew.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub settings: Option<Settings>,
+    pub seq: u64,
+    pub head: u64,
+    pub active: u64,
+    pub admitted_total: u64,
+    pub abandoned_total: u64,
+    pub prequeue: u64,
+    pub waits_ms: Vec<u64>,
+    pub new_batches: Vec<Batch>,
+    pub new_skipped: Vec<u64>,
+    pub redis_ms: u64,
+}
+
+/// The recorded pre-queue draw, for anyone to recompute.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Draw {
+    pub seed: u64,
+    pub base: u64,
+    pub at_ms: u64,
+    /// The accounts in the order they joined the pre-queue.
+    pub join_order: Vec<String>,
+}
+
+/// A connection made on first use, inside the runtime of the caller.
+pub struct LazyStore {
+    client: redis::Client,
+    prefix: String,
+    timeout: Duration,
+    scripts: Arc<Scripts>,
+    store: OnceLock<QueueStore>,
+}
+
+impl LazyStore {
+    pub fn new(url: &str, prefix: &str, timeout: Duration) -> anyhow::Result<Self> {
+        anyhow::ensure!(!prefix.contains(['{', '}']), "the Redis key prefix must not contain braces");
+        Ok(Self {
+            client: redis::Client::open(url)?,
+            prefix: prefix.to_owned(),
+            timeout,
+            scripts: Arc::new(Scripts::load()),
+            store: OnceLock::new(),
+        })
+    }
+
+    /// A copy for another runtime: same settings, its own connection.
+    pub fn fork(&self) -> Self {
+        Self {
+            client: self.client.clone(),
+            prefix: self.prefix.clone(),
+            timeout: self.timeout,
+            scripts: self.scripts.clone(),
+            store: OnceLock::new(),
+        }
+    }
+
+    /// The store; must be called from inside the runtime that will use it.
+    pub fn get(&self) -> Result<&QueueStore, StoreError> {
+        if let Some(store) = self.store.get() {
+            return Ok(store);
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let conn = ConnectionManager::new_lazy_with_config(self.client.clone(), config)?;
+        let store =
+            QueueStore { conn, prefix: self.prefix.clone(), timeout: self.timeout, scripts: self.scripts.clone() };
+        Ok(self.store.get_or_init(|| store))
+    }
+}
+
+/// Typed access to the waiting room's keys.
+pub struct QueueStore {
+    conn: ConnectionManager,
+    prefix: String,
+    timeout: Duration,
+    scripts: Arc<Scripts>,
+}
+
+/// A script reply (a Lua table of strings and integers) as text.
+fn parts(reply: Value) -> Result<Vec<String>, StoreError> {
+    let Value::Array(items) = reply else { return Err(StoreError::Reply(format!("{reply:?}"))) };
+    items
+        .into_iter()
+        .map(|item| match item {
+            Value::BulkString(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+            Value::SimpleString(s) => Ok(s),
+            Value::Int(i) => Ok(i.to_string()),
+            other => Err(StoreError::Reply(format!("{other:?}"))),
+        })
+        .collect()
+}
+
+fn number(parts: &[String], i: usize) -> Result<u64, StoreError> {
+    parts.get(i).and_then(|p| p.parse().ok()).ok_or_else(|| StoreError::Reply(parts.join(" ")))
+}
+
+impl QueueStore {
+    async fn run<T>(&self, fut: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+
+    fn keys(&self, event: i64) -> QueueKeys {
+        QueueKeys::new(&self.prefix, event)
+    }
+
+    fn script<'a>(&self, script: &'a Script, event: i64) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        for key in self.keys(event).all() {
+            inv.key(key);
+        }
+        inv
+    }
+
+    /// Gives `account` its place in `event`'s queue (`lua/queue_join.lua`).
+    pub async fn join(&self, event: i64, account: &str) -> Result<Joined, StoreError> {
+        let mut inv = self.script(&self.scripts.join, event);
+        inv.arg(account);
+        let mut conn = self.conn.clone();
+        let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
+        Ok(match p.first().map(String::as_str) {
+            Some("unknown") => Joined::Unknown,
+            Some("closed") => Joined::Closed(p.get(1).and_then(|s| QueueState::parse(s)).unwrap_or(QueueState::Closed)),
+            Some("opening") => Joined::Opening,
+            Some("pre") => Joined::Prequeue { count: number(&p, 1)? },
+            Some("place") => Joined::Place { place: number(&p, 1)?, head: number(&p, 2)?, fresh: number(&p, 3)? == 1 },
+            _ => return Err(StoreError::Reply(p.join(" "))),
+        })
+    }
+
+    /// One admission step (`lua/queue_admit.lua`).
+    pub async fn admit(&self, event: i64, max_walk: u64, burst: Duration) -> Result<Stepped, StoreError> {
+        let mut inv = self.script(&self.scripts.admit, event);
+        inv.arg(max_walk).arg(burst.as_millis() as u64);
+        let mut conn = self.conn.clone();
+        let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
+        Ok(match p.first().map(String::as_str) {
+            Some("idle") => Stepped::Idle,
+            Some("opening") => Stepped::Opening,
+            Some("stepped") => Stepped::Moved {
+                head: number(&p, 1)?,
+                seq: number(&p, 2)?,
+                admitted: number(&p, 3)?,
+                skipped: number(&p, 4)?,
+            },
+            _ => return Err(StoreError::Reply(p.join(" "))),
+        })
+    }
+
+    /// Changes the state, drawing the pre-queue when it opens (`lua/queue_set_state.lua`).
+    pub async fn set_state(
+        &self,
+        event: i64,
+        state: QueueState,
+        seed: u64,
+        expect: Option<QueueState>,
+    ) -> Result<StateChange, StoreError> {
+        let mut inv = self.script(&self.scripts.set_state, event);
+        inv.arg(state.as_str()).arg(seed).arg(expect.map_or("", QueueState::as_str));
+        let mut conn = self.conn.clone();
+        let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
+        let state_of = |p: &[String]| p.get(1).cloned().unwrap_or_default();
+        Ok(match p.first().map(String::as_str) {
+            Some("unknown") => StateChange::Unknown,
+            Some("changed") => StateChange::Changed(state_of(&p)),
+            Some("refused") => StateChange::Refused(state_of(&p)),
+            Some("ok") => StateChange::Done { drawn: number(&p, 2)? },
+            _ => return Err(StoreError::Reply(p.join(" "))),
+        })
+    }
+
+    /// Records that these accounts polled (`lua/queue_touch.lua`).
+    pub async fn touch(&self, event: i64, accounts: &[String]) -> Result<(), StoreError> {
+        if accounts.is_empty() {
+            return Ok(());
+        }
+        let mut inv = self.scripts.touch.prepare_invoke();
+        inv.key(self.keys(event).key("seen"));
+        for account in accounts {
+            inv.arg(account);
+        }
+        let mut conn = self.conn.clone();
+        let _: u64 = self.run(inv.invoke_async(&mut conn)).await?;
+        Ok(())
+    }
+
+    /// The events that have a waiting room.
+    pub async fn rooms(&self) -> Result<Vec<i64>, StoreError> {
+        let mut conn = self.conn.clone();
+        let members: Vec<String> = self.run(conn.smembers(rooms_key(&self.prefix))).await?;
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    }
+
+    /// The account's place, if it has one.
+    pub async fn place_of(&self, event: i64, account: &str) -> Result<Option<u64>, StoreError> {
+        let mut conn = self.conn.clone();
+        self.run(conn.hget(self.keys(event).key("places"), account)).await
+    }
+
+    /// The room's settings straight from Redis.
+    pub async fn settings(&self, event: i64) -> Result<Option<Settings>, StoreError> {
+        let mut conn = self.conn.clone();
+        let hash: HashMap<String, String> = self.run(conn.hgetall(self.keys(event).key("settings"))).await?;
+        Ok(Settings::from_hash(&hash))
+    }
+
+    /// Reads the queue in one MULTI/EXEC, fetching only steps after `last_to` and skips after `last_skipped`.
+    pub async fn snapshot(&self, event: i64, last_to: u64, last_skipped: u64) -> Result<Snapshot, StoreError> {
+        let k = self.keys(event);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("TIME")
+            .hgetall(k.key("settings"))
+            .get(k.key("seq"))
+            .get(k.key("head"))
+            .hgetall(k.key("stats"))
+            .zcard(k.key("active"))
+            .scard(k.key("pre"))
+            .lrange(k.key("waits"), 0, -1)
+            .zrangebyscore(k.key("batches"), format!("({last_to}"), "+inf")
+            .zrangebyscore(k.key("skipped"), format!("({last_skipped}"), "+inf");
+        type Reply = (
+            (u64, u64),
+            HashMap<String, String>,
+            Option<u64>,
+            Option<u64>,
+            HashMap<String, String>,
+            u64,
+            u64,
+            Vec<u64>,
+            Vec<String>,
+            Vec<u64>,
+        );
+        let mut conn = self.conn.clone();
+        let (time, settings, seq, head, stats, active, prequeue, waits_ms, batches, skipped): Reply =
+            self.run(pipe.query_async(&mut conn)).await?;
+        let stat = |name: &str| stats.get(name).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let new_batches = batches.iter().map(|m| Batch::parse(m).ok_or_else(|| StoreError::Reply(m.clone())));
+        Ok(Snapshot {
+            settings: Settings::from_hash(&settings),
+            seq: seq.unwrap_or(0),
+            head: head.unwrap_or(0),
+            active,
+            admitted_total: stat("admitted_total"),
+            abandoned_total: stat("abandoned_total"),
+            prequeue,
+            waits_ms,
+            new_batches: new_batches.collect::<Result<_, _>>()?,
+            new_skipped: skipped,
+            redis_ms: time.0 * 1000 + time.1 / 1000,
+        })
+    }
+
+    /// Creates the room with defaults when it does not exist, then applies `patch` (the state last, through
+    /// `set_state`). Returns the settings as stored.
+    pub async fn configure(&self, event: i64, patch: &SettingsPatch, seed: u64) -> Result<Configured, StoreError> {
+        let k = self.keys(event);
+        let settings_key = k.key("settings");
+        let d = Settings::DEFAULT;
+        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (field, value) in [
+            ("state", d.state.as_str().to_owned()),
+            ("admit_per_minute", d.admit_per_minute.to_string()),
+            ("max_active", d.max_active.to_string()),
+            ("session_seconds", d.session_seconds.to_string()),
+            ("abandon_after_seconds", d.abandon_after_seconds.to_string()),
+            ("opens_at", "0".to_owned()),
+            ("version", "0".to_owned()),
+        ] {
+            pipe.hset_nx(&settings_key, field, value).ignore();
+        }
+        let mut fields: Vec<(&str, String)> = Vec::new();
+        let numbers = [
+            ("admit_per_minute", patch.admit_per_minute),
+            ("max_active", patch.max_active),
+            ("session_seconds", patch.session_seconds),
+            ("abandon_after_seconds", patch.abandon_after_seconds),
+        ];
+        fields.extend(numbers.iter().filter_map(|(name, v)| v.map(|v| (*name, v.to_string()))));
+        if let Some(at) = patch.opens_at {
+            fields.push(("opens_at", (at * 1000).to_string()));
+        }
+        if !fields.is_empty() {
+            pipe.hset_multiple(&settings_key, &fields).ignore();
+            pipe.hincr(&settings_key, "version", 1).ignore();
+        }
+        pipe.sadd(rooms_key(&self.prefix), event).ignore();
+        let () = self.run(pipe.query_async(&mut conn)).await?;
+        let change = match patch.state {
+            Some(state) => Some(self.set_state(event, state, seed, None).await?),
+            None => None,
+        };
+        let settings = self.settings(event).await?.ok_or_else(|| StoreError::Reply("settings vanished".into()))?;
+        Ok(Configured { settings, change })
+    }
+
+    /// The recorded pre-queue draw, once the pre-queue has opened.
+    pub async fn draw(&self, event: i64) -> Result<Option<Draw>, StoreError> {
+        let k = self.keys(event);
+        let mut conn = self.conn.clone();
+        let (shuffle, join_order): (HashMap<String, u64>, Vec<String>) = self
+            .run(
+                redis::pipe().atomic().hgetall(k.key("shuffle")).lrange(k.key("prelist"), 0, -1).query_async(&mut conn),
+            )
+            .await?;
+        Ok(shuffle.get("seed").map(|&seed| Draw {
+            seed,
+            base: shuffle.get("base").copied().unwrap_or(0),
+            at_ms: shuffle.get("at_ms").copied().unwrap_or(0),
+            join_order,
+        }))
+    }
+
+    /// The accounts at places `base + 1 ..= base + n`, in place order (from the place -> account record).
+    pub async fn accounts_at(&self, event: i64, base: u64, n: u64) -> Result<Vec<Option<String>>, StoreError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let places: Vec<u64> = (base + 1..=base + n).collect();
+        let mut conn = self.conn.clone();
+        self.run(redis::cmd("HMGET").arg(self.keys(event).key("who")).arg(&places).query_async(&mut conn)).await
+    }
+}
+
+/// The outcome of an operator's change.
+#[derive(Debug, Clone)]
+pub struct Configured {
+    pub settings: Settings,
+    pub change: Option<StateChange>,
+}

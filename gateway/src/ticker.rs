@@ -1,0 +1,123 @@
+//! The ticker: a pingora background service that, a few times a second and for every event with a waiting
+//! room, flushes the polls this node served (one call), runs one admission step (any node may: the step is
+//! correct however many run it), opens a pre-queue whose time has come, and refreshes this node's view.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+use crate::limits::Limits;
+use crate::room::{History, Live, QueueState, Room, Rooms};
+use crate::store::{LazyStore, QueueStore, Stepped, StoreError};
+
+/// The background service.
+pub struct Ticker {
+    pub rooms: Arc<Rooms>,
+    pub limits: Arc<Limits>,
+    pub store: LazyStore,
+    pub every: Duration,
+    pub admit_burst: Duration,
+    pub max_walk: u64,
+}
+
+#[async_trait]
+impl BackgroundService for Ticker {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut interval = tokio::time::interval(self.every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        let mut last_eviction = Instant::now();
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            match self.tick().await {
+                Ok(()) if failing => {
+                    tracing::info!("queue store answering again");
+                    failing = false;
+                }
+                Ok(()) => {}
+                // Logged once per outage, not every tick.
+                Err(e) if !failing => {
+                    tracing::warn!(error = %e, "queue refresh failed; status polls answer 503 once the view is stale");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+            if last_eviction.elapsed() > Duration::from_secs(10) {
+                self.limits.evict_idle();
+                last_eviction = Instant::now();
+            }
+        }
+    }
+}
+
+impl Ticker {
+    async fn tick(&self) -> Result<(), StoreError> {
+        let store = self.store.get()?;
+        let events = store.rooms().await?;
+        for &event in &events {
+            self.tick_event(store, event).await?;
+        }
+        self.rooms.listed(&events);
+        Ok(())
+    }
+
+    async fn tick_event(&self, store: &QueueStore, event: i64) -> Result<(), StoreError> {
+        let seen = self.rooms.take_seen(event);
+        if let Err(e) = store.touch(event, &seen).await {
+            // Put them back so a slow Redis does not make polling fans look gone.
+            for account in &seen {
+                self.rooms.seen(event, account);
+            }
+            return Err(e);
+        }
+        if store.admit(event, self.max_walk, self.admit_burst).await? == Stepped::Opening {
+            let seed = crate::shuffle::seed_from(rand::random());
+            let change = store.set_state(event, QueueState::Open, seed, Some(QueueState::Prequeue)).await?;
+            tracing::info!(event, ?change, "pre-queue opening time reached");
+        }
+        refresh(store, &self.rooms, event).await
+    }
+}
+
+/// Reads one room from Redis and replaces this node's view of it (steps and skips are fetched incrementally).
+pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<(), StoreError> {
+    let previous = rooms.get(event);
+    let history = previous.as_ref().map_or_else(|| Arc::new(RwLock::new(History::default())), |r| r.history.clone());
+    let (last_to, last_skipped) = history.read().map(|h| (h.last_to(), h.last_skipped())).unwrap_or_default();
+    let snap = store.snapshot(event, last_to, last_skipped).await?;
+    let Some(settings) = snap.settings else { return Ok(()) };
+    let admitted_last_minute = match history.write() {
+        Ok(mut h) => {
+            for batch in snap.new_batches {
+                h.batches.insert(batch.to, batch);
+            }
+            h.skipped.extend(snap.new_skipped);
+            h.admitted_since(snap.redis_ms.saturating_sub(60_000))
+        }
+        Err(_) => 0,
+    };
+    let mut waits = snap.waits_ms;
+    waits.sort_unstable();
+    let live = Live {
+        settings,
+        seq: snap.seq,
+        head: snap.head,
+        active: snap.active,
+        admitted_total: snap.admitted_total,
+        abandoned_total: snap.abandoned_total,
+        prequeue: snap.prequeue,
+        median_wait_ms: waits.get(waits.len() / 2).copied(),
+        admitted_last_minute,
+        redis_ms: snap.redis_ms,
+        read_at: Instant::now(),
+    };
+    crate::metrics::record_room(event, &live);
+    rooms.put(event, Room { live, history });
+    Ok(())
+}

@@ -1,0 +1,307 @@
+//! The test harness: a real counting upstream, the real `gateway` binary (pingora) on loopback ports, the real
+//! Redis of the local stack (each test under its own key prefix), and one helper per endpoint.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::any;
+use serde_json::Value;
+use tokens::{AccountClaims, AccountId, AdmissionClaims, Keyring, unix_now};
+
+pub const KEYS: &str = "k1:gateway-integration-test-admission-key-01";
+pub const ACCOUNT_KEYS: &str = "a1:gateway-integration-test-account-keys-001";
+pub const ADMIN_TOKEN: &str = "integration-admin-token";
+pub const OTHER_SECRET_SAME_KID: &str = "k1:a-different-secret-that-nobody-trusts-02";
+pub const OTHER_KID: &str = "k9:gateway-integration-test-admission-key-01";
+
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| {
+        panic!("REDIS_URL is not set: run the tests with `deploy/test`, which starts Postgres and Redis")
+    })
+}
+
+/// A key prefix no other test (or earlier run) uses.
+pub fn prefix() -> String {
+    format!("t{:016x}:", rand::random::<u64>())
+}
+
+/// A free loopback port (bound, read, released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("probe").local_addr().expect("addr").port()
+}
+
+/// A real upstream: answers every request with 200 and counts them.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Upstream {
+    pub async fn start() -> Self {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        let app = Router::new().fallback(any(move || {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                ([("content-type", "application/json")], r#"{"upstream":true}"#)
+            }
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Self { addr, hits, shutdown: Some(tx), task: Some(task) }
+    }
+
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+/// How to start a gateway node.
+#[derive(Clone)]
+pub struct Node {
+    pub upstream: SocketAddr,
+    pub redis_url: String,
+    pub prefix: String,
+    /// Extra `--flag value` pairs.
+    pub args: Vec<(String, String)>,
+}
+
+impl Node {
+    pub fn new(upstream: SocketAddr, prefix: &str) -> Self {
+        Self { upstream, redis_url: redis_url(), prefix: prefix.to_owned(), args: Vec::new() }
+    }
+
+    pub fn arg(mut self, name: &str, value: impl ToString) -> Self {
+        self.args.push((name.to_owned(), value.to_string()));
+        self
+    }
+}
+
+/// The gateway binary, stopped with SIGINT when dropped.
+pub struct GatewayProcess {
+    child: Child,
+    pub base: String,
+    pub admin: String,
+    pub client: reqwest::Client,
+}
+
+impl GatewayProcess {
+    pub async fn start(node: Node) -> Self {
+        let port = free_port();
+        let admin_port = free_port();
+        let mut args: Vec<(String, String)> = [
+            ("--listen", format!("127.0.0.1:{port}")),
+            ("--upstream", node.upstream.to_string()),
+            ("--admin-listen", format!("127.0.0.1:{admin_port}")),
+            ("--admin-token", ADMIN_TOKEN.to_owned()),
+            ("--admission-keys", KEYS.to_owned()),
+            ("--account-keys", ACCOUNT_KEYS.to_owned()),
+            ("--threads", "1".to_owned()),
+            ("--grace-seconds", "0".to_owned()),
+            ("--redis-url", node.redis_url.clone()),
+            ("--redis-key-prefix", node.prefix.clone()),
+            ("--tick-ms", "100".to_owned()),
+            // Limits out of the way unless a test sets them.
+            ("--ip-rps", "100000".to_owned()),
+            ("--ip-burst", "100000".to_owned()),
+            ("--account-rps", "100000".to_owned()),
+            ("--account-burst", "100000".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        for (name, value) in &node.args {
+            match args.iter_mut().find(|(k, _)| k == name) {
+                Some(slot) => slot.1 = value.clone(),
+                None => args.push((name.clone(), value.clone())),
+            }
+        }
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+        cmd.arg("serve");
+        for (name, value) in &args {
+            cmd.args([name, value]);
+        }
+        let child = cmd.env("RUST_LOG", "warn").stdin(Stdio::null()).spawn().expect("start the gateway binary");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(Instant::now() < deadline, "the gateway did not listen on {port} within 20 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_max_idle_per_host(64)
+            .build()
+            .expect("client");
+        Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin_port}"),
+            client,
+        }
+    }
+
+    /// Sends a request; returns status, JSON body (Null if not JSON) and headers.
+    pub async fn send(&self, req: reqwest::RequestBuilder) -> Reply {
+        let res = req.send().await.expect("request reached the gateway");
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let text = res.text().await.expect("body");
+        Reply { status, body: serde_json::from_str(&text).unwrap_or(Value::Null), text, headers }
+    }
+
+    pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut req = self.client.get(format!("{}{path}", self.base));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        self.send(req).await
+    }
+
+    /// `POST /queue/{event}/join` as `account`.
+    pub async fn join(&self, event: i64, account: &str) -> Reply {
+        let req = self.client.post(format!("{}/queue/{event}/join", self.base)).bearer_auth(account_token(account));
+        self.send(req).await
+    }
+
+    /// `GET /queue/{event}/status` with a ticket.
+    pub async fn status(&self, event: i64, ticket: &str) -> Reply {
+        self.send(self.client.get(format!("{}/queue/{event}/status", self.base)).bearer_auth(ticket)).await
+    }
+
+    /// `PUT /admin/events/{event}` on this node's admin listener.
+    pub async fn configure(&self, event: i64, settings: Value) -> Reply {
+        let req =
+            self.client.put(format!("{}/admin/events/{event}", self.admin)).bearer_auth(ADMIN_TOKEN).json(&settings);
+        let reply = self.send(req).await;
+        assert_eq!(reply.status, 200, "configure {settings}: {}", reply.text);
+        reply
+    }
+
+    /// `GET /admin/events/{event}` on this node's admin listener.
+    pub async fn room(&self, event: i64) -> Reply {
+        self.send(self.client.get(format!("{}/admin/events/{event}", self.admin)).bearer_auth(ADMIN_TOKEN)).await
+    }
+
+    /// Waits (bounded) until this node's view shows the room, so status polls can be answered.
+    pub async fn wait_for_room(&self, event: i64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.room(event).await.status != 200 {
+            assert!(Instant::now() < deadline, "node never saw room {event}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Value,
+    pub text: String,
+    pub headers: reqwest::header::HeaderMap,
+}
+
+impl Reply {
+    pub fn code(&self) -> &str {
+        self.body["error"].as_str().unwrap_or("")
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn ticket(&self) -> String {
+        self.body["ticket"].as_str().unwrap_or_else(|| panic!("no ticket in {}", self.text)).to_owned()
+    }
+
+    pub fn place(&self) -> u64 {
+        let ticket = self.ticket();
+        Keyring::parse(KEYS).expect("keys").verify_ticket(&ticket).expect("a valid ticket").place
+    }
+}
+
+pub fn account_token(account: &str) -> String {
+    let claims = AccountClaims::new(AccountId::parse(account).expect("id"), "platform", unix_now(), 600);
+    Keyring::parse(ACCOUNT_KEYS).expect("keys").sign(&claims)
+}
+
+pub fn proof(keys: &str, event: i64, issued: u64, ttl: u64) -> String {
+    proof_for("fan-1", keys, event, issued, ttl)
+}
+
+pub fn proof_for(account: &str, keys: &str, event: i64, issued: u64, ttl: u64) -> String {
+    let claims = AdmissionClaims::new(AccountId::parse(account).expect("id"), event, issued, ttl);
+    Keyring::parse(keys).expect("keys").sign(&claims)
+}
+
+/// A direct Redis connection, to read what the scripts wrote.
+pub async fn redis() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis_url())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers (start it with deploy/stack services)")
+}
+
+/// A queue key, as gateway/src/store.rs builds it.
+pub fn key(prefix: &str, event: i64, name: &str) -> String {
+    format!("{prefix}queue:{{ev{event}}}:{name}")
+}
+
+/// Every admission step recorded for an event: (from, to, at_ms, admitted), in order.
+pub async fn batches(prefix: &str, event: i64) -> Vec<(u64, u64, u64, u64)> {
+    let mut conn = redis().await;
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key(prefix, event, "batches"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .expect("zrange");
+    members
+        .iter()
+        .map(|m| {
+            let p: Vec<u64> = m.split(':').map(|x| x.parse().expect("number")).collect();
+            (p[0], p[1], p[2], p[3])
+        })
+        .collect()
+}

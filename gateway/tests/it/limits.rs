@@ -1,0 +1,98 @@
+//! Rate limits and the admin listener's guard.
+
+use futures::future::join_all;
+use serde_json::json;
+use tokens::unix_now;
+
+use crate::harness::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_over_its_limit_gets_429_while_another_is_unaffected() {
+    let upstream = Upstream::start().await;
+    let node = Node::new(upstream.addr, &prefix()).arg("--account-rps", 1).arg("--account-burst", 3);
+    let gw = GatewayProcess::start(node).await;
+    let event = 201;
+    let heavy = format!("Bearer {}", proof_for("fan-heavy", KEYS, event, unix_now(), 60));
+    let light = format!("Bearer {}", proof_for("fan-light", KEYS, event, unix_now(), 60));
+    let path = format!("/events/{event}/seats");
+    let replies = join_all((0..6).map(|_| async { gw.get(&path, &[("authorization", &heavy)]).await })).await;
+    let limited: Vec<&Reply> = replies.iter().filter(|r| r.status == 429).collect();
+    assert_eq!(replies.iter().filter(|r| r.status == 200).count(), 3, "the burst of 3 goes through");
+    assert_eq!(limited.len(), 3);
+    for r in &limited {
+        assert_eq!(r.code(), "rate_limited");
+        assert!(r.header("retry-after").and_then(|v| v.parse::<u64>().ok()).is_some_and(|s| s >= 1));
+    }
+    assert_eq!(gw.get(&path, &[("authorization", &light)]).await.status, 200, "another account is not limited");
+    assert_eq!(upstream.hits(), 4, "limited requests never reach booking");
+    upstream.stop().await;
+}
+
+/// Three polls at once, each claiming another client IP in `X-Forwarded-For`; how many were limited.
+async fn limited_polls(gw: &GatewayProcess, event: i64, forwarded: [&str; 3]) -> usize {
+    let path = format!("/queue/{event}/status");
+    let replies = join_all(forwarded.iter().map(|ip| {
+        let path = &path;
+        async move { gw.get(path, &[("x-forwarded-for", ip), ("authorization", "Bearer not-a-ticket")]).await }
+    }))
+    .await;
+    for r in &replies {
+        assert!(r.status == 429 || (r.status == 401 && r.code() == "ticket_invalid"), "{}", r.text);
+    }
+    replies.iter().filter(|r| r.status == 429).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_are_believed_only_from_trusted_proxies() {
+    let upstream = Upstream::start().await;
+    let strict = Node::new(upstream.addr, &prefix()).arg("--ip-rps", 1).arg("--ip-burst", 2);
+    let untrusting = GatewayProcess::start(strict.clone()).await;
+    // From an untrusted peer, a spoofed X-Forwarded-For is ignored: all three polls are charged to 127.0.0.1.
+    assert_eq!(limited_polls(&untrusting, 202, ["1.1.1.1", "2.2.2.2", "3.3.3.3"]).await, 1);
+    drop(untrusting);
+    let trusting = GatewayProcess::start(strict.arg("--trusted-proxies", "127.0.0.0/8")).await;
+    // Behind a trusted proxy, each client IP has its own limit...
+    assert_eq!(limited_polls(&trusting, 202, ["1.1.1.1", "2.2.2.2", "3.3.3.3"]).await, 0);
+    // ...and one client is still limited however it spreads over the proxy's connections.
+    assert_eq!(limited_polls(&trusting, 202, ["9.9.9.9", "9.9.9.9", "9.9.9.9"]).await, 1);
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_needs_its_token_and_refuses_bad_settings() {
+    let upstream = Upstream::start().await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let event = 203;
+    let url = format!("{}/admin/events/{event}", gw.admin);
+    let no_token = gw.send(gw.client.put(&url).json(&json!({"state": "open"}))).await;
+    assert_eq!((no_token.status, no_token.code()), (401, "admin_token_required"));
+    let wrong = gw.send(gw.client.get(&url).bearer_auth("integration-admin-tokeX")).await;
+    assert_eq!(wrong.status, 401);
+    let cases = [
+        (json!({}), 422, "empty_change"),
+        (json!({"admit_per_minute": 0}), 422, "setting_out_of_range"),
+        (json!({"session_seconds": 1}), 422, "setting_out_of_range"),
+        (json!({"state": "sold_out"}), 422, "state_not_settable"),
+        (json!({"state": "party"}), 422, "invalid_settings"),
+        (json!({"rate": 5}), 422, "invalid_settings"),
+        (json!({"admit_per_minute": -5}), 422, "invalid_settings"),
+    ];
+    for (body, status, code) in cases {
+        let r = gw.send(gw.client.put(&url).bearer_auth(ADMIN_TOKEN).json(&body)).await;
+        assert_eq!((r.status, r.code()), (status, code), "{body}: {}", r.text);
+    }
+    let not_json = gw.send(gw.client.put(&url).bearer_auth(ADMIN_TOKEN).body("{")).await;
+    assert_eq!((not_json.status, not_json.code()), (422, "invalid_settings"));
+    assert_eq!(gw.room(event).await.code(), "queue_not_found", "nothing was created by refused changes");
+    let bad_id = gw.send(gw.client.get(format!("{}/admin/events/abc", gw.admin)).bearer_auth(ADMIN_TOKEN)).await;
+    assert_eq!((bad_id.status, bad_id.code()), (400, "invalid_path"));
+
+    gw.configure(event, json!({"state": "open"})).await;
+    gw.join(event, "fan-1").await;
+    let back = gw.send(gw.client.put(&url).bearer_auth(ADMIN_TOKEN).json(&json!({"state": "prequeue"}))).await;
+    assert_eq!((back.status, back.code()), (409, "state_change_refused"), "{}", back.text);
+    gw.wait_for_room(event).await;
+    let metrics = gw.send(gw.client.get(format!("{}/metrics", gw.admin))).await;
+    assert!(metrics.text.contains(&format!("waiting_room_admitted_total{{event=\"{event}\"}}")), "{}", metrics.text);
+    upstream.stop().await;
+}

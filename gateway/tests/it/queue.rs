@@ -1,0 +1,470 @@
+//! The waiting room: places, FIFO admission across nodes, the rate, max_active, the pre-queue draw, abandoned
+//! fans, live changes, and Redis going away.
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use serde_json::json;
+use tokens::{Keyring, unix_now};
+
+use crate::harness::*;
+
+/// Two nodes on one Redis prefix, in front of one upstream.
+async fn two_nodes() -> (Upstream, GatewayProcess, GatewayProcess, String) {
+    let upstream = Upstream::start().await;
+    let p = prefix();
+    let a = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let b = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    (upstream, a, b, p)
+}
+
+/// Waits (bounded) until `node`'s view of the room satisfies `done`.
+async fn wait_until(node: &GatewayProcess, event: i64, within: Duration, done: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + within;
+    loop {
+        let room = node.room(event).await;
+        if room.status == 200 && done(&room.body) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "room {event} never got there: {}", room.text);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Everyone joins at once, alternating between the two nodes.
+async fn join_all_fans(a: &GatewayProcess, b: &GatewayProcess, event: i64, fans: &[String]) -> Vec<Reply> {
+    let replies = join_all(fans.iter().enumerate().map(|(i, fan)| {
+        let node = if i % 2 == 0 { a } else { b };
+        node.join(event, fan)
+    }))
+    .await;
+    for r in &replies {
+        assert_eq!(r.status, 200, "join: {}", r.text);
+    }
+    replies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_fans_through_two_nodes_are_admitted_in_queue_order() {
+    let (upstream, a, b, p) = two_nodes().await;
+    let event = 101;
+    a.configure(
+        event,
+        json!({"state": "paused", "admit_per_minute": 12000, "max_active": 10000, "abandon_after_seconds": 600}),
+    )
+    .await;
+    let fans: Vec<String> = (0..500).map(|i| format!("fan-{i}")).collect();
+    let replies = join_all_fans(&a, &b, event, &fans).await;
+    let places: Vec<u64> = replies.iter().map(Reply::place).collect();
+    let mut sorted = places.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (1..=500).collect::<Vec<u64>>(), "one place each, no gaps, no duplicates");
+
+    b.configure(event, json!({"state": "open"})).await;
+    // Each node's view trails Redis by at most one tick: wait for both.
+    for node in [&a, &b] {
+        wait_until(node, event, Duration::from_secs(20), |r| r["live"]["admitted_total"] == 500).await;
+    }
+
+    // The steps walked the queue from place 1 to 500 in order, skipping nobody.
+    let steps = batches(&p, event).await;
+    let mut head = 0;
+    for &(from, to, _, admitted) in &steps {
+        assert_eq!(from, head, "steps are contiguous: {steps:?}");
+        assert_eq!(admitted, to - from, "nobody skipped");
+        head = to;
+    }
+    assert_eq!(head, 500);
+    // Each fan's admission time (Redis) never decreases with its place.
+    let mut conn = redis().await;
+    let admitted_at: HashMap<String, f64> = redis::cmd("ZRANGE")
+        .arg(key(&p, event, "active"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await
+        .expect("active");
+    let mut by_place: Vec<(u64, f64)> = fans.iter().zip(&places).map(|(f, &place)| (place, admitted_at[f])).collect();
+    by_place.sort_by_key(|(place, _)| *place);
+    assert!(by_place.windows(2).all(|w| w[0].1 <= w[1].1), "admission order is queue order");
+
+    // Every fan, polling the node it did not join through, is told it is admitted, with a proof for this event.
+    let statuses = join_all(replies.iter().enumerate().map(|(i, r)| {
+        let node = if i % 2 == 0 { &b } else { &a };
+        let ticket = r.ticket();
+        async move { node.status(event, &ticket).await }
+    }))
+    .await;
+    let ring = Keyring::parse(KEYS).expect("keys");
+    for (fan, s) in fans.iter().zip(&statuses) {
+        assert_eq!(s.body["state"], "admitted", "{fan}: {}", s.text);
+        let claims = ring.verify_admission(s.body["admission_token"].as_str().expect("proof")).expect("valid proof");
+        assert_eq!((claims.sub.as_str(), claims.evt), (fan.as_str(), event));
+    }
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_keeps_the_rate_within_one_percent_across_two_nodes() {
+    let (upstream, a, b, p) = two_nodes().await;
+    let event = 102;
+    let per_minute = 1200.0; // 20 a second
+    a.configure(
+        event,
+        json!({"state": "paused", "admit_per_minute": 1200, "max_active": 100000, "abandon_after_seconds": 600}),
+    )
+    .await;
+    let fans: Vec<String> = (0..320).map(|i| format!("fan-{i}")).collect();
+    join_all_fans(&a, &b, event, &fans).await;
+    b.configure(event, json!({"state": "open"})).await;
+    // Both nodes run the step every 100 ms; watch for 12 s (bounded), checking the bound as it goes.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(12) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        check_rate_bound(&batches(&p, event).await, per_minute);
+    }
+    let steps = batches(&p, event).await;
+    check_rate_bound(&steps, per_minute);
+    let (first, last) = (steps[0], steps[steps.len() - 1]);
+    let window_ms = (last.2 - first.2) as f64;
+    assert!(window_ms >= 10_000.0, "a window of at least 10 s: {window_ms} ms");
+    // After the opening burst (the first step), admissions follow the rate by Redis's clock.
+    let admitted: u64 = steps[1..].iter().map(|s| s.3).sum();
+    let expected = per_minute * window_ms / 60_000.0;
+    let error = (admitted as f64 - expected).abs() / expected;
+    assert!(error <= 0.01, "admitted {admitted} in {window_ms} ms, expected {expected:.1}: {:.2}% off", error * 100.0);
+    assert!(steps.iter().all(|s| s.3 == s.1 - s.0), "nobody was skipped");
+    upstream.stop().await;
+}
+
+/// Admitted by each step never exceeds rate x elapsed since the first step + the burst (500 ms of the rate).
+fn check_rate_bound(steps: &[(u64, u64, u64, u64)], per_minute: f64) {
+    let Some(first) = steps.first() else { return };
+    let burst = (per_minute * 500.0 / 60_000.0).max(1.0);
+    let mut total = 0;
+    for s in steps {
+        total += s.3;
+        let bound = per_minute * (s.2 - first.2) as f64 / 60_000.0 + burst;
+        assert!(total as f64 <= bound + 1e-9, "{total} admitted by {} ms, bound {bound:.2}", s.2 - first.2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_max_active_within_a_session() {
+    let (upstream, a, b, p) = two_nodes().await;
+    let event = 103;
+    a.configure(
+        event,
+        json!({"state": "paused", "admit_per_minute": 60000, "max_active": 20, "session_seconds": 10, "abandon_after_seconds": 600}),
+    )
+    .await;
+    let fans: Vec<String> = (0..50).map(|i| format!("fan-{i}")).collect();
+    join_all_fans(&a, &b, event, &fans).await;
+    b.configure(event, json!({"state": "open"})).await;
+    wait_until(&a, event, Duration::from_secs(5), |r| r["live"]["admitted_total"] == 20).await;
+    // At 1000 a second, the rate is no limit: only max_active holds the rest back, for the whole session.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let room = b.room(event).await;
+    assert_eq!((room.body["live"]["active"].as_u64(), room.body["live"]["waiting"].as_u64()), (Some(20), Some(30)));
+    // When the first sessions end, the next fans go in, and again never more than 20 within a session.
+    wait_until(&a, event, Duration::from_secs(15), |r| r["live"]["admitted_total"] == 40).await;
+    let steps = batches(&p, event).await;
+    for s in &steps {
+        let in_window: u64 = steps.iter().filter(|o| o.2 <= s.2 && o.2 + 10_000 > s.2).map(|o| o.3).sum();
+        assert!(in_window <= 20, "{in_window} admitted within one session window: {steps:?}");
+    }
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_change_on_one_node_is_applied_by_the_other_within_a_second() {
+    let (upstream, a, b, _) = two_nodes().await;
+    let event = 104;
+    a.configure(event, json!({"state": "open", "admit_per_minute": 600})).await;
+    b.wait_for_room(event).await;
+    let changed = Instant::now();
+    a.configure(event, json!({"admit_per_minute": 777})).await;
+    wait_until(&b, event, Duration::from_secs(1), |r| r["admit_per_minute"] == 777).await;
+    let took = changed.elapsed();
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pre_queue_draw_is_a_permutation_anyone_can_recompute() {
+    let (upstream, a, b, _) = two_nodes().await;
+    let event = 105;
+    a.configure(event, json!({"state": "prequeue", "admit_per_minute": 60000, "abandon_after_seconds": 600})).await;
+    b.wait_for_room(event).await;
+    let fans: Vec<String> = (0..50).map(|i| format!("early-{i}")).collect();
+    let replies = join_all_fans(&a, &b, event, &fans).await;
+    for r in &replies {
+        assert_eq!(
+            (r.body["state"].as_str(), r.body["prequeue"].as_bool(), r.place()),
+            (Some("waiting"), Some(true), 0)
+        );
+    }
+    let again = b.join(event, "early-0").await;
+    assert_eq!((again.body["prequeue"].as_bool(), again.place()), (Some(true), 0), "joining again changes nothing");
+
+    let opened = b.configure(event, json!({"state": "open"})).await;
+    assert_eq!(opened.body["drawn"], 50);
+    for node in [&a, &b] {
+        wait_until(node, event, Duration::from_secs(2), |r| r["state"] == "open").await;
+    }
+    // Each fan's next poll learns its drawn place (a new ticket).
+    let polls = join_all(replies.iter().enumerate().map(|(i, r)| {
+        let node = if i % 2 == 0 { &b } else { &a };
+        let ticket = r.ticket();
+        async move { node.status(event, &ticket).await }
+    }))
+    .await;
+    let places: HashMap<String, u64> = fans.iter().zip(&polls).map(|(f, r)| (f.clone(), r.place())).collect();
+    let mut sorted: Vec<u64> = places.values().copied().collect();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (1..=50).collect::<Vec<u64>>(), "the draw is a permutation of 1..=50");
+
+    // The recorded seed and join order recompute every place.
+    let draw = a.send(a.client.get(format!("{}/admin/events/{event}/draw", a.admin)).bearer_auth(ADMIN_TOKEN)).await;
+    assert_eq!(draw.status, 200, "{}", draw.text);
+    let seed = draw.body["seed"].as_u64().expect("seed");
+    let join_order: Vec<String> = serde_json::from_value(draw.body["join_order"].clone()).expect("join order");
+    let recomputed = gateway::shuffle::draw(join_order.clone(), seed);
+    for (k, fan) in recomputed.iter().enumerate() {
+        assert_eq!(places[fan], k as u64 + 1, "{fan}'s place recomputed from seed {seed}");
+    }
+    assert_ne!(recomputed, join_order, "the draw differs from the join order");
+    // Live joiners queue behind the drawn fans.
+    let late = a.join(event, "late-1").await;
+    assert_eq!(late.place(), 51);
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_queue_opens_by_itself_at_its_time() {
+    let (upstream, a, b, _) = two_nodes().await;
+    let event = 106;
+    let opens_at = unix_now() + 2;
+    a.configure(event, json!({"state": "prequeue", "opens_at": opens_at, "admit_per_minute": 60000})).await;
+    b.wait_for_room(event).await;
+    let fans: Vec<String> = (0..10).map(|i| format!("early-{i}")).collect();
+    let replies = join_all_fans(&a, &b, event, &fans).await;
+    assert!(replies.iter().all(|r| r.body["prequeue"] == true));
+    wait_until(&b, event, Duration::from_secs(6), |r| r["state"] == "open" && r["live"]["admitted_total"] == 10).await;
+    assert!(unix_now() >= opens_at, "not before its time");
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_fans_are_skipped_and_the_queue_keeps_flowing() {
+    let (upstream, a, b, _) = two_nodes().await;
+    let event = 107;
+    a.configure(event, json!({"state": "paused", "admit_per_minute": 60000, "abandon_after_seconds": 5})).await;
+    a.wait_for_room(event).await;
+    b.wait_for_room(event).await;
+    let fans: Vec<String> = (0..20).map(|i| format!("fan-{i}")).collect();
+    let replies = join_all_fans(&a, &b, event, &fans).await;
+    let (present, gone): (Vec<&Reply>, Vec<&Reply>) = replies.iter().partition(|r| r.place() % 2 == 0);
+    // The present half polls every second for 7 s (bounded); the queue opens after 6 s.
+    for round in 0..7 {
+        let polls = join_all(present.iter().map(|r| async { a.status(event, &r.ticket()).await })).await;
+        assert!(polls.iter().all(|p| p.status == 200), "{:?}", polls.iter().map(|p| &p.text).collect::<Vec<_>>());
+        if round == 5 {
+            b.configure(event, json!({"state": "open"})).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    for node in [&a, &b] {
+        wait_until(node, event, Duration::from_secs(3), |r| r["live"]["abandoned_total"] == 10).await;
+    }
+    let room = a.room(event).await;
+    assert_eq!(room.body["live"]["admitted_total"], 10, "{}", room.text);
+    for r in &present {
+        assert_eq!(a.status(event, &r.ticket()).await.body["state"], "admitted");
+    }
+    for r in &gone {
+        let s = b.status(event, &r.ticket()).await;
+        assert_eq!((s.status, s.code()), (409, "place_lapsed"), "{}", s.text);
+    }
+    // A skipped fan who comes back gets a new place at the back, and with nobody waiting, goes in at once.
+    let fan = Keyring::parse(KEYS).expect("keys").verify_ticket(&gone[0].ticket()).expect("ticket").sub;
+    let back = a.join(event, fan.as_str()).await;
+    assert_eq!((back.place(), back.body["state"].as_str()), (21, Some("admitted")), "{}", back.text);
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_account_joining_a_hundred_times_at_once_has_one_place() {
+    let (upstream, a, b, _) = two_nodes().await;
+    let event = 108;
+    a.configure(event, json!({"state": "paused"})).await;
+    let same = vec!["fan-same".to_owned(); 100];
+    let replies = join_all_fans(&a, &b, event, &same).await;
+    assert!(replies.iter().all(|r| r.place() == 1), "{:?}", replies.iter().map(Reply::place).collect::<Vec<_>>());
+    assert_eq!(a.join(event, "fan-other").await.place(), 2);
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_fan_into_an_empty_room_goes_in_at_once_and_reaches_booking() {
+    let upstream = Upstream::start().await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let event = 109;
+    gw.configure(event, json!({"state": "open", "admit_per_minute": 60})).await;
+    let joined = gw.join(event, "fan-first").await;
+    assert_eq!(joined.body["state"], "admitted", "{}", joined.text);
+    let cookies: Vec<&str> = joined.headers.get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).collect();
+    assert!(cookies.iter().any(|c| c.starts_with("wr_admission=") && c.contains("HttpOnly") && c.contains("Secure")));
+    assert!(cookies.iter().any(|c| c.starts_with(&format!("wr_queue_{event}=")) && c.contains("SameSite=Lax")));
+    let proof = joined.body["admission_token"].as_str().expect("proof").to_owned();
+    let booked = gw.get(&format!("/events/{event}/seats"), &[("authorization", &format!("Bearer {proof}"))]).await;
+    assert_eq!(booked.status, 200);
+    assert_eq!(upstream.hits(), 1);
+    // The next fan waits its turn (60 a minute: the opening burst was one fan).
+    let second = gw.join(event, "fan-second").await;
+    assert_eq!((second.body["state"].as_str(), second.body["position"].as_u64()), (Some("waiting"), Some(1)));
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tokens_and_tickets_get_clear_refusals() {
+    let upstream = Upstream::start().await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let event = 110;
+    gw.configure(event, json!({"state": "paused"})).await;
+    gw.wait_for_room(event).await;
+    let join = |auth: Option<String>| {
+        let mut req = gw.client.post(format!("{}/queue/{event}/join", gw.base));
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        gw.send(req)
+    };
+    let expired = {
+        let claims = tokens::AccountClaims::new(
+            tokens::AccountId::parse("fan-1").expect("id"),
+            "platform",
+            unix_now() - 3600,
+            60,
+        );
+        Keyring::parse(ACCOUNT_KEYS).expect("keys").sign(&claims)
+    };
+    let other_issuer = {
+        let claims =
+            tokens::AccountClaims::new(tokens::AccountId::parse("fan-1").expect("id"), "elsewhere", unix_now(), 60);
+        Keyring::parse(ACCOUNT_KEYS).expect("keys").sign(&claims)
+    };
+    let cases = [
+        (None, 401, "account_required"),
+        (Some(format!("Bearer {}", proof(KEYS, event, unix_now(), 60))), 401, "account_invalid"),
+        (Some(format!("Bearer {expired}")), 401, "account_expired"),
+        (Some(format!("Bearer {other_issuer}")), 401, "account_invalid"),
+        (Some("Bearer x".repeat(1500)), 401, "account_invalid"),
+    ];
+    for (auth, status, code) in cases {
+        let r = join(auth.clone()).await;
+        assert_eq!((r.status, r.code()), (status, code), "{auth:?}: {}", r.text);
+    }
+    let unknown = gw.join(999_999, "fan-1").await;
+    assert_eq!((unknown.status, unknown.code()), (404, "queue_not_found"));
+
+    let ticket = gw.join(event, "fan-1").await.ticket();
+    let tampered = {
+        let mut parts: Vec<String> = ticket.split('.').map(str::to_owned).collect();
+        parts[2] = parts[2].chars().rev().collect();
+        parts.join(".")
+    };
+    let no_ticket = gw.get(&format!("/queue/{event}/status"), &[]).await;
+    assert_eq!((no_ticket.status, no_ticket.code()), (401, "ticket_required"));
+    let other_event = gw.status(event + 1, &ticket).await;
+    assert_eq!((other_event.status, other_event.code()), (403, "ticket_wrong_event"));
+    let bad = gw.status(event, &tampered).await;
+    assert_eq!((bad.status, bad.code()), (401, "ticket_invalid"));
+    let wrong_method = gw.send(gw.client.delete(format!("{}/queue/{event}/join", gw.base))).await;
+    assert_eq!(
+        (wrong_method.status, wrong_method.code(), wrong_method.header("allow")),
+        (405, "method_not_allowed", Some("POST"))
+    );
+    let page = gw.get(&format!("/queue/{event}"), &[("accept", "text/html")]).await;
+    assert_eq!(page.status, 200);
+    assert!(page.header("content-type").is_some_and(|c| c.starts_with("text/html")) && page.text.contains("aria-live"));
+    let as_json = gw
+        .get(
+            &format!("/queue/{event}"),
+            &[("accept", "application/json"), ("authorization", &format!("Bearer {ticket}"))],
+        )
+        .await;
+    assert_eq!((as_json.status, as_json.body["state"].as_str()), (200, Some("paused")), "{}", as_json.text);
+    assert_eq!(upstream.hits(), 0);
+    upstream.stop().await;
+}
+
+/// A Redis server of the test's own, so it can be killed.
+struct OwnRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl OwnRedis {
+    async fn start() -> Self {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (installed by deploy/stack services)");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Self { child, port }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_means_503_for_the_queue_while_admitted_fans_still_reach_booking() {
+    let upstream = Upstream::start().await;
+    let mut redis_server = OwnRedis::start().await;
+    let mut node = Node::new(upstream.addr, &prefix());
+    node.redis_url = format!("redis://127.0.0.1:{}/", redis_server.port);
+    let gw = GatewayProcess::start(node).await;
+    let event = 111;
+    gw.configure(event, json!({"state": "open", "admit_per_minute": 60000})).await;
+    gw.wait_for_room(event).await;
+    let admitted = gw.join(event, "fan-in").await;
+    assert_eq!(admitted.body["state"], "admitted", "{}", admitted.text);
+    let proof = admitted.body["admission_token"].as_str().expect("proof").to_owned();
+    let waiting_ticket = admitted.ticket();
+
+    let _ = redis_server.child.kill();
+    let _ = redis_server.child.wait();
+
+    let join = gw.join(event, "fan-late").await;
+    assert_eq!((join.status, join.code(), join.header("retry-after")), (503, "queue_unavailable", Some("1")));
+    let booked = gw.get(&format!("/events/{event}/seats"), &[("authorization", &format!("Bearer {proof}"))]).await;
+    assert_eq!(booked.status, 200, "an admitted fan still reaches booking");
+    // Once this node's view is older than it may be (2 s), polls answer 503 too rather than guess.
+    let deadline = Instant::now() + Duration::from_secs(6);
+    loop {
+        let s = gw.status(event, &waiting_ticket).await;
+        if s.status == 503 {
+            assert_eq!((s.code(), s.header("retry-after")), ("queue_unavailable", Some("1")));
+            break;
+        }
+        assert!(Instant::now() < deadline, "status never went 503: {}", s.text);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(gw.room(event).await.status, 503);
+    upstream.stop().await;
+}

@@ -1,0 +1,70 @@
+-- queue_join: give an account its one place in an event's queue, or in its pre-queue before the opening.
+--
+-- KEYS (the same fifteen for every queue script, built by gateway/src/store.rs `QueueKeys`):
+--   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
+--                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version
+--   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
+--   3 head (counter)      <p>queue:{evE}:head      the last place the admission step has passed
+--   4 places (hash)       <p>queue:{evE}:places    account -> place
+--   5 who (hash)          <p>queue:{evE}:who       place -> account
+--   6 joined (hash)       <p>queue:{evE}:joined    account -> when it joined (ms)
+--   7 seen (sorted set)   <p>queue:{evE}:seen      account, score = when it last joined or polled (ms)
+--   8 active (sorted set) <p>queue:{evE}:active    account, score = when it was admitted (ms)
+--   9 skipped (zset)      <p>queue:{evE}:skipped   place (score = place) of each fan skipped as abandoned
+--  10 batches (zset)      <p>queue:{evE}:batches   "from:to:at_ms:admitted", score = to: each step that moved head
+--  11 stats (hash)        <p>queue:{evE}:stats     credit, last_ms, admitted_total, abandoned_total
+--  12 waits (list)        <p>queue:{evE}:waits     the waits (ms) of the last 1000 admitted fans, newest first
+--  13 pre (set)           <p>queue:{evE}:pre       accounts in the pre-queue
+--  14 prelist (list)      <p>queue:{evE}:prelist   the same accounts in join order (kept after opening, for audit)
+--  15 shuffle (hash)      <p>queue:{evE}:shuffle   seed, count, base, at_ms of the pre-queue draw
+-- Time is Redis's own clock (TIME), never a node's.
+-- ARGV[1]     account id
+-- Returns     {"unknown"}                       no waiting room is configured for this event
+--             {"closed", state}                 the queue takes nobody (state closed or sold_out)
+--             {"opening"}                       the pre-queue's opening time has passed: open it, then join again
+--             {"pre", count}                    in the pre-queue (count = how many are in it)
+--             {"place", place, head, fresh}     the account's place (fresh = 1 if given now)
+-- Joining again returns the same place while the fan waits or is admitted within its session; a fan skipped as
+-- abandoned, or whose session ended, gets a new place at the back.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local s = redis.call('HMGET', KEYS[1], 'state', 'session_seconds', 'opens_at')
+local state = s[1]
+if not state then
+  return {'unknown'}
+end
+if state == 'closed' or state == 'sold_out' then
+  return {'closed', state}
+end
+local account = ARGV[1]
+if state == 'prequeue' then
+  local opens = tonumber(s[3] or '0') or 0
+  if opens > 0 and now >= opens then
+    return {'opening'}
+  end
+  redis.call('ZADD', KEYS[7], now, account)
+  if redis.call('SADD', KEYS[13], account) == 1 then
+    redis.call('RPUSH', KEYS[14], account)
+    redis.call('HSET', KEYS[6], account, now)
+  end
+  return {'pre', redis.call('SCARD', KEYS[13])}
+end
+
+redis.call('ZADD', KEYS[7], now, account)
+local head = tonumber(redis.call('GET', KEYS[3]) or '0')
+local place = tonumber(redis.call('HGET', KEYS[4], account) or '0')
+if place > 0 then
+  if place > head then
+    return {'place', place, head, 0}
+  end
+  local admitted = tonumber(redis.call('ZSCORE', KEYS[8], account) or '0')
+  if admitted > now - tonumber(s[2] or '0') * 1000 then
+    return {'place', place, head, 0}
+  end
+end
+place = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[4], account, place)
+redis.call('HSET', KEYS[5], place, account)
+redis.call('HSET', KEYS[6], account, now)
+return {'place', place, head, 1}

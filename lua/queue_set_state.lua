@@ -1,0 +1,73 @@
+-- queue_set_state: change an event's queue state, opening the pre-queue when it leaves `prequeue`.
+--
+-- Opening draws the pre-queue's order: a Fisher-Yates shuffle of the accounts in join order (KEYS[14]),
+-- driven by the Park-Miller generator x <- x * 48271 mod 2147483647 from the seed ARGV[2]:
+--   for i = n down to 2: x <- next(x); j <- (x mod i) + 1; swap order[i], order[j]
+-- Place base + k goes to order[k]. The seed, count and base are recorded (KEYS[15]) and the join order is kept,
+-- so anyone can recompute every place (gateway/src/shuffle.rs does, and a test checks it against this script).
+-- Live joiners get places after the drawn ones, because joins see `prequeue` until this script has run.
+--
+-- KEYS (the same fifteen for every queue script, built by gateway/src/store.rs `QueueKeys`):
+--   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
+--                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version
+--   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
+--   3 head (counter)      <p>queue:{evE}:head      the last place the admission step has passed
+--   4 places (hash)       <p>queue:{evE}:places    account -> place
+--   5 who (hash)          <p>queue:{evE}:who       place -> account
+--   6 joined (hash)       <p>queue:{evE}:joined    account -> when it joined (ms)
+--   7 seen (sorted set)   <p>queue:{evE}:seen      account, score = when it last joined or polled (ms)
+--   8 active (sorted set) <p>queue:{evE}:active    account, score = when it was admitted (ms)
+--   9 skipped (zset)      <p>queue:{evE}:skipped   place (score = place) of each fan skipped as abandoned
+--  10 batches (zset)      <p>queue:{evE}:batches   "from:to:at_ms:admitted", score = to: each step that moved head
+--  11 stats (hash)        <p>queue:{evE}:stats     credit, last_ms, admitted_total, abandoned_total
+--  12 waits (list)        <p>queue:{evE}:waits     the waits (ms) of the last 1000 admitted fans, newest first
+--  13 pre (set)           <p>queue:{evE}:pre       accounts in the pre-queue
+--  14 prelist (list)      <p>queue:{evE}:prelist   the same accounts in join order (kept after opening, for audit)
+--  15 shuffle (hash)      <p>queue:{evE}:shuffle   seed, count, base, at_ms of the pre-queue draw
+-- Time is Redis's own clock (TIME), never a node's.
+-- ARGV[1]     the new state: prequeue, open, paused or closed (sold_out is set by the gateway itself)
+-- ARGV[2]     seed of the draw, 1 .. 2147483646
+-- ARGV[3]     the state the caller expects now, or "" for any (the timed opening passes "prequeue", so it
+--             never overrides an operator's later change)
+-- Returns     {"unknown"}                       no waiting room is configured for this event
+--             {"changed", state}                the state was not ARGV[3]; nothing done
+--             {"refused", state}                back to prequeue once places were given out: refused
+--             {"ok", state, drawn}              done; drawn = how many pre-queue places were drawn now
+
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then
+  return {'unknown'}
+end
+local target = ARGV[1]
+if ARGV[3] ~= '' and state ~= ARGV[3] then
+  return {'changed', state}
+end
+if target == 'prequeue' and state ~= 'prequeue' and tonumber(redis.call('GET', KEYS[2]) or '0') > 0 then
+  return {'refused', state}
+end
+
+local drawn = 0
+if state == 'prequeue' and (target == 'open' or target == 'paused') then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local order = redis.call('LRANGE', KEYS[14], 0, -1)
+  local n = #order
+  local x = tonumber(ARGV[2])
+  for i = n, 2, -1 do
+    x = (x * 48271) % 2147483647
+    local j = (x % i) + 1
+    order[i], order[j] = order[j], order[i]
+  end
+  local base = tonumber(redis.call('GET', KEYS[2]) or '0')
+  for k = 1, n do
+    redis.call('HSET', KEYS[4], order[k], base + k)
+    redis.call('HSET', KEYS[5], base + k, order[k])
+  end
+  redis.call('SET', KEYS[2], base + n)
+  redis.call('HSET', KEYS[15], 'seed', ARGV[2], 'count', n, 'base', base, 'at_ms', now)
+  redis.call('DEL', KEYS[13])
+  drawn = n
+end
+redis.call('HSET', KEYS[1], 'state', target)
+redis.call('HINCRBY', KEYS[1], 'version', 1)
+return {'ok', target, drawn}
