@@ -74,12 +74,18 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let gateway = Gateway::new(keyring, cfg.upstream, queue, limits.clone());
+    let gateway = Gateway::new(keyring.clone(), cfg.upstream, queue, limits.clone());
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     proxy.add_tcp(&cfg.listen.to_string());
     server.add_service(proxy);
+    let availability = (cfg.availability_poll_ms > 0).then(|| gateway::ticker::Availability {
+        upstream: cfg.upstream,
+        keyring: keyring.clone(),
+        every: std::time::Duration::from_millis(cfg.availability_poll_ms),
+    });
     let ticker = Ticker {
         rooms: rooms.clone(),
+        availability,
         limits,
         store: store.fork(),
         every: cfg.tick(),

@@ -1,6 +1,8 @@
 //! The ticker: a pingora background service that, a few times a second and for every event with a waiting
 //! room, flushes the polls this node served (one call), runs one admission step (any node may: the step is
-//! correct however many run it), opens a pre-queue whose time has come, and refreshes this node's view.
+//! correct however many run it), opens a pre-queue whose time has come, and refreshes this node's view. Every
+//! couple of seconds it also asks booking whether each room's event has sold out, and sets the room's state to
+//! `sold_out` (or back to `open` when seats return).
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -9,6 +11,8 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
+use tokens::{AccountId, AdmissionClaims, Keyring};
+
 use crate::limits::Limits;
 use crate::room::{History, Live, QueueState, Room, Rooms};
 use crate::store::{LazyStore, QueueStore, Stepped, StoreError};
@@ -16,6 +20,7 @@ use crate::store::{LazyStore, QueueStore, Stepped, StoreError};
 /// The background service.
 pub struct Ticker {
     pub rooms: Arc<Rooms>,
+    pub availability: Option<Availability>,
     pub limits: Arc<Limits>,
     pub store: LazyStore,
     pub every: Duration,
@@ -30,6 +35,9 @@ impl BackgroundService for Ticker {
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         let mut last_eviction = Instant::now();
+        let mut last_availability = Instant::now();
+        // Made here, inside this service's runtime, like the Redis connection.
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok();
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
@@ -48,6 +56,12 @@ impl BackgroundService for Ticker {
                 }
                 Err(_) => {}
             }
+            if let (Some(availability), Some(http)) = (&self.availability, &http)
+                && last_availability.elapsed() >= availability.every
+            {
+                last_availability = Instant::now();
+                self.check_sold_out(availability, http).await;
+            }
             if last_eviction.elapsed() > Duration::from_secs(10) {
                 self.limits.evict_idle();
                 last_eviction = Instant::now();
@@ -56,7 +70,63 @@ impl BackgroundService for Ticker {
     }
 }
 
+/// Where and how often to ask booking about sell-outs.
+pub struct Availability {
+    pub upstream: std::net::SocketAddr,
+    /// Signs the gateway's own admission proof for the question.
+    pub keyring: Arc<Keyring>,
+    pub every: Duration,
+}
+
+/// The part of booking's `GET /events/{id}/availability` answer the gateway reads.
+#[derive(Debug, serde::Deserialize)]
+struct BookingAvailability {
+    sold_out: bool,
+}
+
 impl Ticker {
+    /// Moves open or paused rooms whose event booking reports sold out to `sold_out`, and back to `open` when
+    /// seats return. Failures are logged and retried at the next check.
+    async fn check_sold_out(&self, availability: &Availability, http: &reqwest::Client) {
+        let (Ok(store), Ok(account)) = (self.store.get(), AccountId::parse("waiting-room")) else { return };
+        for event in self.rooms.events() {
+            let Some(room) = self.rooms.get(event) else { continue };
+            let state = room.live.settings.state;
+            if !matches!(state, QueueState::Open | QueueState::Paused | QueueState::SoldOut) {
+                continue;
+            }
+            let proof =
+                availability.keyring.sign(&AdmissionClaims::new(account.clone(), event, tokens::unix_now(), 60));
+            let url = format!("http://{}/events/{event}/availability", availability.upstream);
+            let answer = match http.get(url).bearer_auth(proof).send().await {
+                Ok(r) if r.status().is_success() => r.json::<BookingAvailability>().await,
+                Ok(r) => {
+                    tracing::debug!(event, status = %r.status(), "booking's availability refused");
+                    continue;
+                }
+                Err(e) => Err(e),
+            };
+            let sold_out = match answer {
+                Ok(a) => a.sold_out,
+                Err(e) => {
+                    tracing::debug!(event, error = %e, "booking's availability unreadable");
+                    continue;
+                }
+            };
+            let target = match (sold_out, state) {
+                (true, QueueState::Open | QueueState::Paused) => QueueState::SoldOut,
+                (false, QueueState::SoldOut) => QueueState::Open,
+                _ => continue,
+            };
+            match store.set_state(event, target, 1, Some(state)).await {
+                Ok(change) => {
+                    tracing::info!(event, from = %state, to = %target, ?change, "booking reported availability")
+                }
+                Err(e) => tracing::warn!(event, error = %e, "could not record the sell-out"),
+            }
+        }
+    }
+
     async fn tick(&self) -> Result<(), StoreError> {
         let store = self.store.get()?;
         let events = store.rooms().await?;

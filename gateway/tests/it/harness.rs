@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -34,10 +34,12 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("probe").local_addr().expect("addr").port()
 }
 
-/// A real upstream: answers every request with 200 and counts them.
+/// A real upstream: answers every request with 200 and counts them, except booking's availability question
+/// (`GET /events/{id}/availability`, asked by the gateway itself), which it answers from `sold_out`.
 pub struct Upstream {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
+    pub sold_out: Arc<AtomicBool>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -45,12 +47,20 @@ pub struct Upstream {
 impl Upstream {
     pub async fn start() -> Self {
         let hits = Arc::new(AtomicUsize::new(0));
+        let sold_out = Arc::new(AtomicBool::new(false));
         let counter = hits.clone();
-        let app = Router::new().fallback(any(move || {
+        let flag = sold_out.clone();
+        let app = Router::new().fallback(any(move |uri: axum::http::Uri| {
             let counter = counter.clone();
+            let flag = flag.clone();
             async move {
-                counter.fetch_add(1, Ordering::SeqCst);
-                ([("content-type", "application/json")], r#"{"upstream":true}"#)
+                let body = if uri.path().ends_with("/availability") {
+                    serde_json::json!({ "sold_out": flag.load(Ordering::SeqCst) }).to_string()
+                } else {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    r#"{"upstream":true}"#.to_owned()
+                };
+                ([("content-type", "application/json")], body)
             }
         }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
@@ -63,7 +73,7 @@ impl Upstream {
                 })
                 .await;
         });
-        Self { addr, hits, shutdown: Some(tx), task: Some(task) }
+        Self { addr, hits, sold_out, shutdown: Some(tx), task: Some(task) }
     }
 
     pub fn hits(&self) -> usize {
@@ -125,6 +135,7 @@ impl GatewayProcess {
             ("--redis-url", node.redis_url.clone()),
             ("--redis-key-prefix", node.prefix.clone()),
             ("--tick-ms", "100".to_owned()),
+            ("--availability-poll-ms", "200".to_owned()),
             // Limits out of the way unless a test sets them.
             ("--ip-rps", "100000".to_owned()),
             ("--ip-burst", "100000".to_owned()),

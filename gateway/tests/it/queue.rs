@@ -468,3 +468,35 @@ async fn redis_down_means_503_for_the_queue_while_admitted_fans_still_reach_book
     assert_eq!(gw.room(event).await.status, 503);
     upstream.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sell_out_reported_by_booking_stops_admission_and_tells_waiting_fans() {
+    let (upstream, a, b, _) = two_nodes().await;
+    let event = 112;
+    a.configure(
+        event,
+        json!({"state": "open", "admit_per_minute": 60000, "max_active": 1, "abandon_after_seconds": 600}),
+    )
+    .await;
+    b.wait_for_room(event).await;
+    let first = a.join(event, "fan-in").await;
+    assert_eq!(first.body["state"], "admitted", "{}", first.text);
+    let waiting = b.join(event, "fan-waiting").await;
+    assert_eq!(waiting.body["state"], "waiting", "{}", waiting.text);
+
+    upstream.sold_out.store(true, std::sync::atomic::Ordering::SeqCst);
+    for node in [&a, &b] {
+        wait_until(node, event, Duration::from_secs(3), |r| r["state"] == "sold_out").await;
+    }
+    let told = a.status(event, &waiting.ticket()).await;
+    assert_eq!((told.status, told.body["state"].as_str()), (200, Some("sold_out")), "{}", told.text);
+    let late = b.join(event, "fan-late").await;
+    assert_eq!((late.status, late.code(), late.body["state"].as_str()), (409, "sold_out", Some("sold_out")));
+    let still_in = a.status(event, &first.ticket()).await;
+    assert_eq!(still_in.body["state"], "admitted", "an admitted fan keeps its session");
+
+    // Seats come back (an order cancelled): the room opens again by itself.
+    upstream.sold_out.store(false, std::sync::atomic::Ordering::SeqCst);
+    wait_until(&a, event, Duration::from_secs(3), |r| r["state"] == "open").await;
+    upstream.stop().await;
+}
