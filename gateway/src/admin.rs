@@ -17,9 +17,11 @@ use axum::routing::get;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use secrecy::{ExposeSecret, SecretString};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::json;
+use utoipa::ToSchema;
 
-use crate::room::{Freshness, Rooms, Settings, SettingsPatch};
+use crate::room::{Freshness, QueueState, Rooms, Settings, SettingsPatch};
 use crate::store::{LazyStore, StateChange};
 
 /// The admin service.
@@ -127,18 +129,73 @@ fn guard(state: &AdminState, headers: &HeaderMap, raw: &str) -> Result<i64, Refu
     event_id(raw)
 }
 
-/// The settings as the admin API shows them (`opens_at` in Unix seconds, as it is set).
-fn settings_json(event: i64, s: &Settings) -> Value {
-    json!({
-        "event_id": event,
-        "state": s.state,
-        "admit_per_minute": s.admit_per_minute,
-        "max_active": s.max_active,
-        "session_seconds": s.session_seconds,
-        "abandon_after_seconds": s.abandon_after_seconds,
-        "opens_at": s.opens_at_ms.map(|ms| ms / 1000),
-        "version": s.version,
-    })
+/// A room's settings, with this node's live figures (GET) or what a change drew (PUT).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RoomView {
+    pub event_id: i64,
+    pub state: QueueState,
+    pub admit_per_minute: u32,
+    pub max_active: u32,
+    pub session_seconds: u32,
+    pub abandon_after_seconds: u32,
+    /// Unix seconds, as it was set.
+    pub opens_at: Option<u64>,
+    /// Bumped on every change.
+    pub version: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveView>,
+    /// PUT only: pre-queue places drawn by this change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drawn: Option<u64>,
+}
+
+impl RoomView {
+    fn new(event: i64, s: &Settings) -> Self {
+        Self {
+            event_id: event,
+            state: s.state,
+            admit_per_minute: s.admit_per_minute,
+            max_active: s.max_active,
+            session_seconds: s.session_seconds,
+            abandon_after_seconds: s.abandon_after_seconds,
+            opens_at: s.opens_at_ms.map(|ms| ms / 1000),
+            version: s.version,
+            live: None,
+            drawn: None,
+        }
+    }
+}
+
+/// Live figures of a room, as this node last read them.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LiveView {
+    pub waiting: u64,
+    pub prequeue: u64,
+    /// Admitted within the session window.
+    pub active: u64,
+    pub admitted_total: u64,
+    pub admissions_per_minute: u64,
+    pub abandoned_total: u64,
+    pub median_wait_seconds: Option<f64>,
+    pub places_given: u64,
+    pub head: u64,
+    /// How old this node's view is.
+    pub view_age_ms: u64,
+}
+
+/// The recorded pre-queue draw.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DrawView {
+    pub event_id: i64,
+    pub algorithm: String,
+    pub seed: u64,
+    /// Drawn places are base + 1 ..= base + n.
+    pub base: u64,
+    pub drawn_at_ms: u64,
+    /// Accounts in the order they joined the pre-queue.
+    pub join_order: Vec<String>,
+    /// The account at each drawn place, in place order.
+    pub places: Vec<Option<String>>,
 }
 
 async fn get_room(
@@ -154,20 +211,22 @@ async fn get_room(
         Freshness::Stale => unavailable(),
     })?;
     let live = &room.live;
-    let mut body = settings_json(event, &live.settings);
-    body["live"] = json!({
-            "waiting": live.waiting(),
-            "prequeue": live.prequeue,
-            "active": live.active,
-            "admitted_total": live.admitted_total,
-            "admissions_per_minute": live.admitted_last_minute,
-            "abandoned_total": live.abandoned_total,
-            "median_wait_seconds": live.median_wait_ms.map(|ms| ms as f64 / 1000.0),
-            "places_given": live.seq,
-            "head": live.head,
-            "view_age_ms": live.read_at.elapsed().as_millis() as u64,
-    });
-    Ok(axum::Json(body).into_response())
+    let view = RoomView {
+        live: Some(LiveView {
+            waiting: live.waiting(),
+            prequeue: live.prequeue,
+            active: live.active,
+            admitted_total: live.admitted_total,
+            admissions_per_minute: live.admitted_last_minute,
+            abandoned_total: live.abandoned_total,
+            median_wait_seconds: live.median_wait_ms.map(|ms| ms as f64 / 1000.0),
+            places_given: live.seq,
+            head: live.head,
+            view_age_ms: live.read_at.elapsed().as_millis() as u64,
+        }),
+        ..RoomView::new(event, &live.settings)
+    };
+    Ok(axum::Json(view).into_response())
 }
 
 async fn put_room(
@@ -198,9 +257,8 @@ async fn put_room(
         _ => 0,
     };
     tracing::info!(event, ?patch, version = configured.settings.version, "waiting room changed");
-    let mut body = settings_json(event, &configured.settings);
-    body["drawn"] = json!(drawn);
-    Ok(axum::Json(body).into_response())
+    let view = RoomView { drawn: Some(drawn), ..RoomView::new(event, &configured.settings) };
+    Ok(axum::Json(view).into_response())
 }
 
 async fn get_draw(
@@ -216,14 +274,14 @@ async fn get_draw(
         .map_err(|_| unavailable())?
         .ok_or_else(|| error(StatusCode::NOT_FOUND, "no_draw", "this event's pre-queue has not been drawn"))?;
     let places = store.accounts_at(event, draw.base, draw.join_order.len() as u64).await.map_err(|_| unavailable())?;
-    let body: Value = json!({
-        "event_id": event,
-        "algorithm": "fisher-yates over the join order, driven by x <- x * 48271 mod 2147483647 from the seed",
-        "seed": draw.seed,
-        "base": draw.base,
-        "drawn_at_ms": draw.at_ms,
-        "join_order": draw.join_order,
-        "places": places,
-    });
-    Ok(axum::Json(body).into_response())
+    let view = DrawView {
+        event_id: event,
+        algorithm: "fisher-yates over the join order, driven by x <- x * 48271 mod 2147483647 from the seed".into(),
+        seed: draw.seed,
+        base: draw.base,
+        drawn_at_ms: draw.at_ms,
+        join_order: draw.join_order,
+        places,
+    };
+    Ok(axum::Json(view).into_response())
 }

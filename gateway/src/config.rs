@@ -20,6 +20,8 @@ pub enum Command {
     Serve(Box<Config>),
     /// Read or change an event's waiting room through a gateway's admin listener.
     Admin(AdminArgs),
+    /// Print the OpenAPI document of the waiting room and the admin API.
+    Openapi,
 }
 
 /// The server's configuration.

@@ -9,6 +9,7 @@ pub mod admission;
 pub mod config;
 pub mod limits;
 pub mod metrics;
+pub mod openapi;
 pub mod proxy;
 pub mod queue;
 pub mod room;

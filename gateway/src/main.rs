@@ -29,6 +29,10 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(cfg) => serve(*cfg),
         Command::Admin(args) => gateway::admin_client::run(args),
+        Command::Openapi => {
+            println!("{}", gateway::openapi::document());
+            Ok(())
+        }
     }
 }
 

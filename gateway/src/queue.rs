@@ -20,6 +20,64 @@ pub fn ticket_cookie(event: i64) -> String {
     format!("wr_queue_{event}")
 }
 
+/// What joining and polling answer (200).
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct QueueAnswer {
+    pub event_id: i64,
+    /// `waiting`, `admitted`, `paused`, `closed` or `sold_out`.
+    pub state: String,
+    /// Waiting in the pre-queue: the place is drawn at the opening.
+    pub prequeue: bool,
+    /// 1 is next; null in the pre-queue, or when admitted, closed or sold out.
+    pub position: Option<u64>,
+    /// Seconds until admission at the current rate (until the opening in the pre-queue); null when unknown.
+    pub eta_seconds: Option<u64>,
+    /// When to poll again (server pacing, with jitter).
+    pub poll_after_ms: u64,
+    /// Fans in the pre-queue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prequeue_size: Option<u64>,
+    /// When the pre-queue opens by itself (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<String>,
+    /// The signed queue ticket (also set as the `wr_queue_{event_id}` cookie): present on a join, and when a
+    /// poll hands out a new one (a pre-queue place drawn).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<String>,
+    /// When admitted: the admission proof for `/events/{event_id}/...` (also the `wr_admission` cookie).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission_token: Option<String>,
+    /// When admitted (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admitted_at: Option<String>,
+    /// When the admission ends (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// Where an admitted fan goes next.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+impl QueueAnswer {
+    fn new(event: i64, state: &str) -> Self {
+        Self {
+            event_id: event,
+            state: state.to_owned(),
+            prequeue: false,
+            position: None,
+            eta_seconds: None,
+            poll_after_ms: 5000,
+            prequeue_size: None,
+            opens_at: None,
+            ticket: None,
+            admission_token: None,
+            admitted_at: None,
+            expires_at: None,
+            next: None,
+        }
+    }
+}
+
 /// A whole response: status, headers (repeatable, e.g. `set-cookie`), body.
 #[derive(Debug, Clone)]
 pub struct Reply {
@@ -35,6 +93,10 @@ impl Reply {
             headers: vec![("content-type", "application/json".into()), ("cache-control", "no-store".into())],
             body: Bytes::from(body.to_string()),
         }
+    }
+
+    pub fn answer(answer: &QueueAnswer) -> Self {
+        Self::json(200, &serde_json::to_value(answer).unwrap_or_default())
     }
 
     /// The contract's error body, `{"error", "message", ...details}`.
@@ -210,20 +272,14 @@ impl Queue {
 
     fn prequeue_body(&self, event: i64, count: u64, opens_at_ms: Option<u64>) -> Reply {
         let eta = opens_at_ms.map(|at| (at / 1000).saturating_sub(unix_now()));
-        let poll = room::poll_after_ms(&room::Settings::DEFAULT, eta, jitter());
-        Reply::json(
-            200,
-            &json!({
-                "event_id": event,
-                "state": "waiting",
-                "prequeue": true,
-                "position": null,
-                "prequeue_size": count,
-                "opens_at": opens_at_ms.map(|ms| rfc3339(ms / 1000)),
-                "eta_seconds": eta,
-                "poll_after_ms": poll,
-            }),
-        )
+        Reply::answer(&QueueAnswer {
+            prequeue: true,
+            prequeue_size: Some(count),
+            opens_at: opens_at_ms.map(|ms| rfc3339(ms / 1000)),
+            eta_seconds: eta,
+            poll_after_ms: room::poll_after_ms(&room::Settings::DEFAULT, eta, jitter()),
+            ..QueueAnswer::new(event, "waiting")
+        })
     }
 
     fn waiting(&self, event: i64, settings: &room::Settings, position: u64) -> Reply {
@@ -232,17 +288,12 @@ impl Queue {
             other => other.as_str(),
         };
         let eta = room::eta_seconds(settings, position);
-        Reply::json(
-            200,
-            &json!({
-                "event_id": event,
-                "state": state,
-                "prequeue": false,
-                "position": position,
-                "eta_seconds": eta,
-                "poll_after_ms": room::poll_after_ms(settings, eta, jitter()),
-            }),
-        )
+        Reply::answer(&QueueAnswer {
+            position: Some(position),
+            eta_seconds: eta,
+            poll_after_ms: room::poll_after_ms(settings, eta, jitter()),
+            ..QueueAnswer::new(event, state)
+        })
     }
 
     fn admitted(&self, event: i64, account: &AccountId, at_ms: u64, until_ms: u64) -> Reply {
@@ -252,17 +303,13 @@ impl Queue {
         let proof = self.admission.sign(&claims);
         let cookie =
             self.cookie(tokens::ADMISSION_COOKIE, &proof, &format!("/events/{event}"), exp.saturating_sub(now));
-        Reply::json(
-            200,
-            &json!({
-                "event_id": event,
-                "state": "admitted",
-                "admission_token": proof,
-                "admitted_at": rfc3339(at_ms / 1000),
-                "expires_at": rfc3339(exp),
-                "next": format!("/events/{event}/seats"),
-            }),
-        )
+        Reply::answer(&QueueAnswer {
+            admission_token: Some(proof),
+            admitted_at: Some(rfc3339(at_ms / 1000)),
+            expires_at: Some(rfc3339(exp)),
+            next: Some(format!("/events/{event}/seats")),
+            ..QueueAnswer::new(event, "admitted")
+        })
         .header("set-cookie", cookie)
     }
 
@@ -311,7 +358,7 @@ impl Queue {
             Err(Freshness::Stale) => return Reply::unavailable(),
         };
         self.rooms.seen(event, ticket.sub.as_str());
-        if let Some(reply) = closed_for_waiting(&room.live.settings, ticket.place, room.live.head) {
+        if let Some(reply) = closed_for_waiting(event, &room.live.settings, ticket.place, room.live.head) {
             return reply;
         }
         let now_ms = room.live.now_ms();
@@ -336,13 +383,10 @@ impl Queue {
 }
 
 /// For a waiting fan of a closed or sold-out queue: the answer that says so.
-fn closed_for_waiting(settings: &room::Settings, place: u64, head: u64) -> Option<Reply> {
+fn closed_for_waiting(event: i64, settings: &room::Settings, place: u64, head: u64) -> Option<Reply> {
     let waiting = place == 0 || place > head;
     (waiting && matches!(settings.state, QueueState::Closed | QueueState::SoldOut)).then(|| {
-        Reply::json(
-            200,
-            &json!({ "state": settings.state.as_str(), "position": null, "eta_seconds": null, "poll_after_ms": 30_000 }),
-        )
+        Reply::answer(&QueueAnswer { poll_after_ms: 30_000, ..QueueAnswer::new(event, settings.state.as_str()) })
     })
 }
 

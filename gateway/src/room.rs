@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 /// The state of an event's queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum QueueState {
     /// Before the opening: joiners wait unordered; their places are drawn at random when it opens.
@@ -101,15 +101,25 @@ impl Settings {
 }
 
 /// A change operators ask for; absent fields stay as they are.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SettingsPatch {
+    /// `prequeue`, `open`, `paused` or `closed` (`sold_out` is the gateway's to set).
     pub state: Option<QueueState>,
+    /// 1 to 1,000,000.
+    #[schema(minimum = 1, maximum = 1_000_000)]
     pub admit_per_minute: Option<u32>,
+    /// 1 to 10,000,000.
+    #[schema(minimum = 1, maximum = 10_000_000)]
     pub max_active: Option<u32>,
+    /// 10 to 86,400.
+    #[schema(minimum = 10, maximum = 86_400)]
     pub session_seconds: Option<u32>,
+    /// 5 to 86,400.
+    #[schema(minimum = 5, maximum = 86_400)]
     pub abandon_after_seconds: Option<u32>,
     /// Unix seconds; 0 clears it.
+    #[schema(maximum = 4_102_444_800_u64)]
     pub opens_at: Option<u64>,
 }
 

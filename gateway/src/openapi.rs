@@ -1,0 +1,140 @@
+//! The gateway's OpenAPI document: the waiting room (public listener) and the admin API (admin listener).
+//! pingora phases are not handlers, so each operation is declared here on a marker function, with the response
+//! types the code serialises (`QueueAnswer`, `RoomView`, ...). `gateway openapi` prints it; the committed copy
+//! (`gateway/openapi.json`) is checked against it by a test. Requests forwarded to booking are described by
+//! booking's own document.
+
+#![allow(dead_code)] // The marker functions only carry their annotations.
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use crate::admin::{DrawView, LiveView, RoomView};
+use crate::queue::QueueAnswer;
+use crate::room::{QueueState, SettingsPatch};
+
+/// Every error: `{"error": "<stable_code>", "message": "<sentence>", ...details}`.
+#[derive(ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+    pub message: String,
+}
+
+/// Join an event's queue (or its pre-queue), once per account.
+#[utoipa::path(post, path = "/queue/{event_id}/join", tag = "queue",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("account" = [])),
+    responses(
+        (status = 200, body = QueueAnswer, description = "the fan's place (or admission), with its ticket"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 405, body = ErrorBody), (status = 409, body = ErrorBody, description = "queue_closed, sold_out"),
+        (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),
+    ))]
+fn join() {}
+
+/// Where the fan stands; when admitted, the admission proof.
+#[utoipa::path(get, path = "/queue/{event_id}/status", tag = "queue",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("ticket" = [])),
+    responses(
+        (status = 200, body = QueueAnswer),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 405, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "place_lapsed, session_ended: join again"),
+        (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),
+    ))]
+fn status() {}
+
+/// The waiting-room page (HTML); the status as JSON with `Accept: application/json`.
+#[utoipa::path(get, path = "/queue/{event_id}", tag = "queue",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    responses(
+        (status = 200, content_type = "text/html", body = String, description = "the page"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 405, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),
+    ))]
+fn page() {}
+
+/// The gateway is up.
+#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
+fn healthz() {}
+
+/// A room's settings and this node's live figures (admin listener).
+#[utoipa::path(get, path = "/admin/events/{event_id}", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, body = RoomView),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ))]
+fn get_room() {}
+
+/// Create a room or change its settings (admin listener); every node applies it within a second.
+#[utoipa::path(put, path = "/admin/events/{event_id}", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    request_body = SettingsPatch,
+    security(("admin" = [])),
+    responses(
+        (status = 200, body = RoomView),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "state_change_refused"),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+    ))]
+fn put_room() {}
+
+/// The recorded pre-queue draw, for anyone to recompute (admin listener).
+#[utoipa::path(get, path = "/admin/events/{event_id}/draw", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, body = DrawView),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ))]
+fn get_draw() {}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Waiting-room gateway API", description = "The waiting room on the public listener, the admin \
+        API on the admin listener. `/events/{event_id}/...` is forwarded to booking (see booking's document) with \
+        an admission proof."),
+    paths(join, status, page, healthz, get_room, put_room, get_draw),
+    components(schemas(ErrorBody, QueueAnswer, RoomView, LiveView, DrawView, SettingsPatch, QueueState)),
+    modifiers(&Security),
+)]
+struct ApiDoc;
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        for (name, what) in [
+            ("account", "The platform's account token (or `booking token account`)"),
+            ("ticket", "The queue ticket that joining gave"),
+            ("admin", "The admin listener's bearer token (GATEWAY_ADMIN_TOKEN)"),
+        ] {
+            let scheme = HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some(what)).build();
+            components.add_security_scheme(name, SecurityScheme::Http(scheme));
+        }
+    }
+}
+
+/// The document as pretty JSON.
+pub fn document() -> String {
+    ApiDoc::openapi().to_pretty_json().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_committed_document_matches_the_code() {
+        let committed = include_str!("../openapi.json");
+        assert!(
+            committed.trim_end() == super::document().trim_end(),
+            "gateway/openapi.json is stale: run `cargo run -p gateway -- openapi > gateway/openapi.json`"
+        );
+    }
+}
