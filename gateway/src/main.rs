@@ -20,6 +20,11 @@ use pingora::services::background::background_service;
 use secrecy::ExposeSecret;
 use tokens::Keyring;
 
+// glibc's malloc and free took about 13% of the proxy's CPU under load (perf); mimalloc lifted forwarded
+// requests from 38k to 43k per second on the 2-core box.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Most places one admission step may walk past (bounds the Lua script's run time).
 const MAX_WALK: u64 = 2000;
 
@@ -72,6 +77,9 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
 
     let conf = ServerConf {
         threads: cfg.threads.max(1),
+        // One worker: a plain current-thread runtime (measured fastest on the 2-core box). Several: let them
+        // share work, so a Redis connection made on one runtime is driven wherever it is used.
+        work_stealing: cfg.threads > 1,
         grace_period_seconds: Some(cfg.grace_seconds),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
