@@ -121,6 +121,10 @@ pub struct ServeConfig {
     /// Payment window of a new order, in seconds.
     #[arg(long, env = "PAYMENT_WINDOW_SECONDS", default_value_t = 600)]
     pub payment_window_seconds: u32,
+    /// How long a serialised seat map is served to every fan before it is rebuilt, in milliseconds (0: rebuilt
+    /// on every request).
+    #[arg(long, env = "SEAT_MAP_CACHE_MS", default_value_t = 250)]
+    pub seat_map_cache_ms: u64,
     /// How often an event's catalogue (allocations, prices) is re-read from Postgres, in milliseconds.
     #[arg(long, env = "CATALOGUE_REFRESH_MS", default_value_t = 5_000)]
     pub catalogue_refresh_ms: u64,

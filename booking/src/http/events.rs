@@ -5,6 +5,9 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -160,10 +163,16 @@ pub async fn get_seats(
     State(state): State<AppState>,
     ApiPath(event_id): ApiPath<i64>,
     proof: Proof,
-) -> Result<Json<SeatMap>, ApiError> {
+) -> Result<Response, ApiError> {
     let event = EventId(event_id);
     proof.account_for(event)?;
     let cat = catalogue(&state, event_id).await?;
+    let body = state.seat_maps.get(event, || build_seat_map(&state, event, cat)).await?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// The seat map, serialised: statuses from Redis (held) and Postgres (sold, the truth).
+async fn build_seat_map(state: &AppState, event: EventId, cat: Arc<Catalogue>) -> Result<Bytes, ApiError> {
     let ids: Vec<SeatId> = cat.seats().iter().map(|s| s.id).collect();
     let (held, sold) = tokio::join!(state.holds.seat_states(event, &ids), orders::sold_seats(&state.pool, event));
     let (states, version) = held?;
@@ -187,5 +196,6 @@ pub async fn get_seats(
             status: if sold.contains(&s.id) { SeatStatus::Sold } else { status },
         })
         .collect();
-    Ok(Json(SeatMap { event_id, version, seats }))
+    let map = SeatMap { event_id: event.0, version, seats };
+    serde_json::to_vec(&map).map(Bytes::from).map_err(|e| ApiError::internal(&e))
 }

@@ -8,6 +8,7 @@ mod holds;
 pub mod openapi;
 mod ops;
 mod orders;
+mod seat_maps;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +48,7 @@ pub struct AppState {
     pub pool: PgPool,
     pub holds: Holds,
     pub catalogues: Catalogues,
+    pub seat_maps: Arc<seat_maps::SeatMaps>,
     pub keyring: Arc<Keyring>,
     pub limits: Limits,
     body_limit_bytes: usize,
@@ -71,6 +73,7 @@ impl AppState {
         let holds = Holds::new(conn, Keys::new(&cfg.redis_key_prefix)?, cfg.redis_timeout(), times);
         Ok(Self {
             catalogues: Catalogues::new(pool.clone(), cfg.catalogue_refresh()),
+            seat_maps: Arc::new(seat_maps::SeatMaps::new(Duration::from_millis(cfg.seat_map_cache_ms))),
             pool,
             holds,
             keyring: Arc::new(keyring),

@@ -81,6 +81,10 @@ impl TestApp {
             "--admission-keys",
             KEYS,
         ];
+        // Tests read the seat map right after changing it: no caching unless a test asks for it.
+        if !extra.contains(&"--seat-map-cache-ms") {
+            args.extend_from_slice(&["--seat-map-cache-ms", "0"]);
+        }
         args.extend_from_slice(extra);
         let Command::Serve(cfg) = Cli::try_parse_from(args).expect("config").command else {
             unreachable!("serve was asked for")

@@ -298,3 +298,21 @@ async fn bought_seats_count_against_the_cap_at_hold_time(pool: PgPool) {
     assert_eq!(app.hold("fan-a", &seats[3..4]).await.status, 201);
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn fans_opening_the_map_together_share_one_build_until_it_expires(pool: PgPool) {
+    let app = TestApp::spawn_with(pool, &["--seat-map-cache-ms", "1500"]).await;
+    let seats = app.seats_on_sale().await;
+    let first = app.seat_map("fan-a").await;
+    assert_eq!(app.hold("fan-b", &[seats[0]]).await.status, 201);
+    // Within the cache window every fan gets the same map (same version), even after a hold.
+    let app = &app;
+    let together = join_all((0..20).map(|i| async move { app.seat_map(&format!("fan-{i}")).await })).await;
+    assert!(together.iter().all(|m| m.status == 200 && m.body["version"] == first.body["version"]));
+    // After it, the map is rebuilt and shows the hold.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let later = app.seat_map("fan-a").await;
+    assert_ne!(later.body["version"], first.body["version"]);
+    let held = later.body["seats"].as_array().expect("seats").iter().find(|s| s["seat_id"] == seats[0]).expect("seat");
+    assert_eq!(held["status"], "held");
+}
