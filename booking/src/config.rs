@@ -51,7 +51,7 @@ pub struct SeedArgs {
     /// Name of the event.
     #[arg(long, env = "SEED_EVENT_NAME", default_value = "Demo on-sale")]
     pub event_name: String,
-    /// Seed only when the database has no event yet; otherwise print the latest event's id.
+    /// Seed only when the database has no event yet; otherwise print the first event's id (the demo's).
     #[arg(long)]
     pub if_empty: bool,
 }

@@ -31,7 +31,7 @@ async fn main() -> anyhow::Result<()> {
             let pool = PgPool::connect(args.db.database_url.expose_secret()).await.context("connecting to Postgres")?;
             booking::MIGRATOR.run(&pool).await.context("applying migrations")?;
             if args.if_empty
-                && let Some(event) = seed::latest_event(&pool).await?
+                && let Some(event) = seed::first_event(&pool).await?
             {
                 println!("{event}");
                 return Ok(());

@@ -122,7 +122,8 @@ pub async fn seed(pool: &PgPool, opts: &SeedOptions) -> anyhow::Result<Seeded> {
     Ok(Seeded { event_id: event, seats: i64::from(opts.seats), allocated: allocated as i64 })
 }
 
-/// The most recent event, if any: the demo stack seeds only when there is none.
-pub async fn latest_event(pool: &PgPool) -> anyhow::Result<Option<i64>> {
-    Ok(sqlx::query_scalar("SELECT max(id) FROM events").fetch_one(pool).await?)
+/// The first event, if any: the demo stack seeds only when there is none, and keeps its demo event as later
+/// events (load-test replays) are added.
+pub async fn first_event(pool: &PgPool) -> anyhow::Result<Option<i64>> {
+    Ok(sqlx::query_scalar("SELECT min(id) FROM events").fetch_one(pool).await?)
 }

@@ -1,7 +1,274 @@
-//! goose on-sale scenarios (20,000 fans through queue, seat map, hold and checkout). Not built yet: the
-//! scenario arrives with the load-test issue; `booking bench` measures holds and checkouts meanwhile.
+//! `loadtest`: replays an on-sale with goose, then proves nothing was double-sold.
+//!
+//! `loadtest onsale` drives N fans (default 20,000) through the gateway: queue, seat map, hold, checkout; it
+//! shows progress while it runs and writes goose's HTML report, `summary.json`, `summary.md` and
+//! `orders.jsonl` (every order a fan saw confirmed). `loadtest check` reads Postgres and Redis and asserts the
+//! invariants, printing any offending rows. `deploy/onsale` runs both against the local stack.
 
-fn main() {
-    eprintln!("loadtest: not implemented yet; see `booking bench` in README.md");
-    std::process::exit(2);
+mod check;
+mod fan;
+mod picker;
+mod run;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use goose::config::GooseConfiguration;
+use goose::prelude::*;
+use secrecy::{ExposeSecret, SecretString};
+use tokens::Keyring;
+
+use crate::fan::journey;
+use crate::run::{Run, Settings, Stats, Summary};
+
+#[derive(Debug, Parser)]
+#[command(name = "loadtest", version, about = "On-sale replays with goose, and the invariant checker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay an on-sale through the gateway.
+    Onsale(Box<OnsaleArgs>),
+    /// Check the invariants of a finished run against Postgres and Redis.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+struct OnsaleArgs {
+    /// The gateway's public URL.
+    #[arg(long, env = "GATEWAY_URL", default_value = "http://127.0.0.1:18000")]
+    gateway: String,
+    /// The event on sale (it must have a waiting room).
+    #[arg(long)]
+    event: i64,
+    /// Fans in the run.
+    #[arg(long, default_value_t = 20_000)]
+    fans: usize,
+    /// Seconds over which the fans arrive.
+    #[arg(long, default_value_t = 10)]
+    burst_seconds: u64,
+    /// Requests in flight at once: the CDN's pool of connections to the gateway (fans share them).
+    #[arg(long, default_value_t = 256)]
+    connections: usize,
+    /// Share of fans who close the tab while queued.
+    #[arg(long, default_value_t = 0.05)]
+    abandon_queue: f64,
+    /// Share of fans who let their hold expire instead of paying.
+    #[arg(long, default_value_t = 0.03)]
+    abandon_hold: f64,
+    /// Share of fans who go for the best sections.
+    #[arg(long, default_value_t = 0.7)]
+    best_share: f64,
+    /// Shortest think time (map to hold, hold to checkout), ms.
+    #[arg(long, default_value_t = 300)]
+    think_min_ms: u64,
+    /// Longest think time, ms.
+    #[arg(long, default_value_t = 1500)]
+    think_max_ms: u64,
+    /// Holds a fan tries (around the seats 409s name) before giving up.
+    #[arg(long, default_value_t = 5)]
+    hold_attempts: u32,
+    /// The longest any fan waits in the queue, seconds; also bounds the whole run (plus 300 s).
+    #[arg(long, default_value_t = 1800)]
+    max_wait_seconds: u64,
+    /// Output directory (report.html, summary.json, summary.md, orders.jsonl).
+    #[arg(long, default_value = "target/onsale")]
+    out: PathBuf,
+    /// Keyring that signs the fans' account tokens (the gateway verifies with it).
+    #[arg(long, env = "ACCOUNT_KEYS", value_parser = secret)]
+    account_keys: SecretString,
+    /// Issuer of the account tokens.
+    #[arg(long, env = "ACCOUNT_ISSUER", default_value = "platform")]
+    account_issuer: String,
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// The event of the run.
+    #[arg(long)]
+    event: i64,
+    /// The run's output directory.
+    #[arg(long, default_value = "target/onsale")]
+    out: PathBuf,
+    #[arg(long, env = "DATABASE_URL", value_parser = secret)]
+    database_url: SecretString,
+    #[arg(long, env = "REDIS_URL", value_parser = secret)]
+    redis_url: SecretString,
+    /// The gateway's Redis key prefix.
+    #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "")]
+    redis_key_prefix: String,
+}
+
+fn secret(raw: &str) -> Result<SecretString, String> {
+    Ok(SecretString::from(raw.to_owned()))
+}
+
+#[tokio::main]
+async fn main() {
+    telemetry::init_logging("warn");
+    if let Err(e) = execute(Cli::parse()).await {
+        eprintln!("loadtest: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn execute(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Onsale(args) => onsale(*args).await,
+        Command::Check(args) => {
+            check::run(&check::Target {
+                database_url: args.database_url.expose_secret(),
+                redis_url: args.redis_url.expose_secret(),
+                redis_key_prefix: &args.redis_key_prefix,
+                event: args.event,
+                out: &args.out,
+            })
+            .await
+        }
+    }
+}
+
+async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.fans > 0 && args.connections > 0, "--fans and --connections must be at least 1");
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let settings = Settings {
+        event: args.event,
+        run_id: format!("lt{:x}", rand::random::<u32>()),
+        accounts: Keyring::parse(args.account_keys.expose_secret()).context("ACCOUNT_KEYS")?,
+        issuer: args.account_issuer.clone(),
+        abandon_queue: args.abandon_queue,
+        abandon_hold: args.abandon_hold,
+        best_share: args.best_share,
+        think_ms: (args.think_min_ms, args.think_max_ms),
+        hold_attempts: args.hold_attempts,
+        max_wait: Duration::from_secs(args.max_wait_seconds),
+    };
+    let run = Run {
+        settings,
+        stats: Stats::default(),
+        connections: tokio::sync::Semaphore::new(args.connections),
+        started: Instant::now(),
+    };
+    if fan::RUN.set(run).is_err() {
+        anyhow::bail!("one run per process");
+    }
+    let run = fan::RUN.get().context("the run")?;
+    eprintln!(
+        "on-sale: {} fans arriving over {} s at {} (event {}), {} connections; report in {}",
+        args.fans,
+        args.burst_seconds,
+        args.gateway,
+        args.event,
+        args.connections,
+        args.out.display()
+    );
+
+    let progress = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let s = &run.stats;
+            let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+            let p = run::Process::now();
+            eprintln!(
+                "  {:>5.0} s  joined {:>6}  admitted {:>6}  held {:>6}  orders {:>6}  seats sold {:>6}  conflicts {:>6}  told sold out {:>6}  (cpu {:.0} s, peak {:.0} MiB)",
+                run.started.elapsed().as_secs_f64(),
+                get(&s.joined),
+                get(&s.admitted),
+                get(&s.held),
+                get(&s.orders),
+                get(&s.seats_sold),
+                get(&s.conflicts),
+                get(&s.sold_out_told),
+                p.cpu_seconds,
+                p.peak_memory_mib,
+            );
+        }
+    });
+
+    let hatch_rate = (args.fans as f64 / args.burst_seconds.max(1) as f64).max(1.0);
+    let report = args.out.join("report.html");
+    let attack = GooseAttack::initialize_with_config(GooseConfiguration::default())?
+        .register_scenario(scenario!("Fan").register_transaction(transaction!(journey).set_name("journey")))
+        .set_client_builder_without_cookies(
+            goose::client::GooseClientBuilder::new().without_cookies().timeout(Duration::from_secs(30)),
+        )?
+        .set_default(GooseDefault::Host, args.gateway.as_str())?
+        .set_default(GooseDefault::Users, args.fans)?
+        .set_default(GooseDefault::IncreaseRate, format!("{hatch_rate}").as_str())?
+        .set_default(GooseDefault::Iterations, 1)?
+        .set_default(GooseDefault::ReportFile, report.to_string_lossy().as_ref())?
+        .set_default(GooseDefault::NoTelnet, true)?
+        .set_default(GooseDefault::NoWebSocket, true)?
+        .set_default(GooseDefault::NoAutoStart, false)?
+        .set_default(GooseDefault::Quiet, 1)?;
+    // Each fan gives up after --max-wait-seconds in the queue; the whole run is bounded too.
+    let bound = Duration::from_secs(args.max_wait_seconds + 300);
+    let result = tokio::time::timeout(bound, attack.execute()).await;
+    progress.abort();
+    let wall = run.started.elapsed();
+    result.with_context(|| format!("the run did not end within {} s", bound.as_secs()))?.context("the goose run")?;
+
+    let summary = run.stats.summary(wall, &run.settings);
+    let confirmed = run.stats.take_confirmed();
+    let mut orders = String::new();
+    for c in &confirmed {
+        orders.push_str(&serde_json::to_string(c)?);
+        orders.push('\n');
+    }
+    std::fs::write(args.out.join("orders.jsonl"), orders)?;
+    std::fs::write(args.out.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
+    let text = render(&summary, args.fans);
+    std::fs::write(args.out.join("summary.md"), &text)?;
+    println!("{text}");
+    Ok(())
+}
+
+/// The short summary, as markdown.
+fn render(s: &Summary, fans: usize) -> String {
+    let pct = |p: &run::Percentiles| format!("{:.1} / {:.1} / {:.1} ms (n = {})", p.p50, p.p95, p.p99, p.count);
+    let opt = |v: Option<f64>, unit: &str| v.map_or("-".to_owned(), |v| format!("{v:.1}{unit}"));
+    let mut out = format!(
+        "# On-sale run, event {}\n\n| what | figure |\n|---|---|\n\
+         | fans | {fans} |\n| wall time | {:.1} s |\n| joined | {} |\n| admitted | {} |\n\
+         | admissions per minute (first to last admission) | {} |\n| abandoned while queued | {} |\n\
+         | holds | {} |\n| hold conflicts (409) | {} |\n| gave up (no seats left to try) | {} |\n\
+         | holds left to expire | {} |\n| orders | {} |\n| seats sold | {} |\n| checkouts refused | {} |\n\
+         | told sold out while queued | {} |\n| first admission to last order | {} |\n\
+         | queue wait p50 / p95 / p99 | {} |\n| hold latency p50 / p95 / p99 | {} |\n\
+         | checkout latency p50 / p95 / p99 | {} |\n| 5xx answers | {} |\n\
+         | load generator CPU / peak memory | {:.1} s / {:.0} MiB |\n\n## Answers by request and status\n\n",
+        s.event,
+        s.wall_seconds,
+        s.joined,
+        s.admitted,
+        opt(s.admissions_per_minute, ""),
+        s.abandoned_in_queue,
+        s.held,
+        s.conflicts,
+        s.gave_up,
+        s.abandoned_holds,
+        s.orders,
+        s.seats_sold,
+        s.checkouts_refused,
+        s.told_sold_out,
+        opt(s.first_admission_to_last_order_seconds, " s"),
+        pct(&s.queue_wait_ms),
+        pct(&s.hold_ms),
+        pct(&s.checkout_ms),
+        s.server_errors,
+        s.process.cpu_seconds,
+        s.process.peak_memory_mib,
+    );
+    for (k, n) in &s.statuses {
+        out.push_str(&format!("- {k}: {n}\n"));
+    }
+    out
 }

@@ -1,0 +1,215 @@
+//! The invariant checker: after a run, reads Postgres and Redis and asserts what the product promises. Fails
+//! loudly, printing the offending rows.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use anyhow::Context;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::run::{Confirmed, Summary};
+
+/// Where to look.
+pub struct Target<'a> {
+    pub database_url: &'a str,
+    pub redis_url: &'a str,
+    pub redis_key_prefix: &'a str,
+    pub event: i64,
+    /// The run's output directory (`orders.jsonl`, `summary.json`).
+    pub out: &'a Path,
+}
+
+/// One check's verdict.
+struct Verdict {
+    name: &'static str,
+    problems: Vec<String>,
+}
+
+/// Runs every check, prints each verdict, and fails if any found a problem.
+pub async fn run(target: &Target<'_>) -> anyhow::Result<()> {
+    let pool = PgPool::connect(target.database_url).await.context("connecting to Postgres")?;
+    let confirmed = read_confirmed(&target.out.join("orders.jsonl"))?;
+    let summary: Summary = serde_json::from_str(
+        &std::fs::read_to_string(target.out.join("summary.json")).context("reading summary.json")?,
+    )
+    .context("parsing summary.json")?;
+    let verdicts = vec![
+        one_active_order_per_seat(&pool, target.event).await?,
+        confirmed_orders_exist(&pool, target.event, &confirmed).await?,
+        totals_match_allocation_prices(&pool, target.event).await?,
+        no_held_back_seat_sold(&pool, target.event).await?,
+        no_server_errors(&summary),
+        admissions_within_bounds(target).await?,
+    ];
+    let mut failed = 0;
+    for v in &verdicts {
+        if v.problems.is_empty() {
+            println!("  ok    {}", v.name);
+        } else {
+            failed += 1;
+            println!("  FAIL  {} ({} problems)", v.name, v.problems.len());
+            for p in v.problems.iter().take(20) {
+                println!("          {p}");
+            }
+            if v.problems.len() > 20 {
+                println!("          ... and {} more", v.problems.len() - 20);
+            }
+        }
+    }
+    anyhow::ensure!(failed == 0, "{failed} of {} invariant checks failed", verdicts.len());
+    println!("all {} invariant checks passed for event {}", verdicts.len(), target.event);
+    Ok(())
+}
+
+fn read_confirmed(path: &Path) -> anyhow::Result<Vec<Confirmed>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("a line of {}: {l}", path.display())))
+        .collect()
+}
+
+async fn one_active_order_per_seat(pool: &PgPool, event: i64) -> anyhow::Result<Verdict> {
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT seat_id, count(*) FROM order_seats WHERE event_id = $1 AND active GROUP BY seat_id HAVING count(*) > 1",
+    )
+    .bind(event)
+    .fetch_all(pool)
+    .await?;
+    let problems = rows.iter().map(|(seat, n)| format!("seat {seat} is in {n} active orders")).collect();
+    Ok(Verdict { name: "at most one active order per (event, seat)", problems })
+}
+
+async fn confirmed_orders_exist(pool: &PgPool, event: i64, confirmed: &[Confirmed]) -> anyhow::Result<Verdict> {
+    let rows: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(
+        "SELECT o.id, o.account_id, o.total_cents, os.seat_id FROM orders o JOIN order_seats os ON os.order_id = o.id
+          WHERE o.event_id = $1 AND os.active",
+    )
+    .bind(event)
+    .fetch_all(pool)
+    .await?;
+    let mut orders: HashMap<String, (String, i64, HashSet<i64>)> = HashMap::new();
+    for (id, account, total, seat) in rows {
+        orders.entry(id.to_string()).or_insert_with(|| (account, total, HashSet::new())).2.insert(seat);
+    }
+    let mut problems = Vec::new();
+    for c in confirmed {
+        match orders.get(&c.order_id) {
+            None => problems.push(format!("order {} confirmed to {} is not in the database", c.order_id, c.account)),
+            Some((account, total, seats)) => {
+                let seen: HashSet<i64> = c.seat_ids.iter().copied().collect();
+                if *account != c.account || *total != c.total_cents || *seats != seen {
+                    problems.push(format!(
+                        "order {}: the fan saw {} {:?} {} cents, the database has {} {:?} {} cents",
+                        c.order_id, c.account, c.seat_ids, c.total_cents, account, seats, total
+                    ));
+                }
+            }
+        }
+    }
+    Ok(Verdict { name: "every order a fan saw confirmed exists, with its seats and total", problems })
+}
+
+async fn totals_match_allocation_prices(pool: &PgPool, event: i64) -> anyhow::Result<Verdict> {
+    let wrong_totals: Vec<(Uuid, i64, i64)> = sqlx::query_as(
+        "SELECT o.id, o.total_cents, sum(os.price_cents)::bigint FROM orders o JOIN order_seats os ON os.order_id = o.id
+          WHERE o.event_id = $1 GROUP BY o.id, o.total_cents HAVING o.total_cents <> sum(os.price_cents)",
+    )
+    .bind(event)
+    .fetch_all(pool)
+    .await?;
+    let wrong_prices: Vec<(Uuid, i64, i64, i64)> = sqlx::query_as(
+        "SELECT os.order_id, os.seat_id, os.price_cents, t.price_cents
+           FROM order_seats os
+           JOIN seat_allocations a ON a.event_id = os.event_id AND a.seat_id = os.seat_id
+           JOIN ticket_types t ON t.id = a.ticket_type_id
+          WHERE os.event_id = $1 AND os.price_cents <> t.price_cents",
+    )
+    .bind(event)
+    .fetch_all(pool)
+    .await?;
+    let mut problems: Vec<String> = wrong_totals
+        .iter()
+        .map(|(id, total, sum)| format!("order {id}: total {total} but its seats sum to {sum}"))
+        .collect();
+    problems.extend(
+        wrong_prices
+            .iter()
+            .map(|(id, seat, paid, price)| format!("order {id} seat {seat}: sold at {paid}, allocation price {price}")),
+    );
+    Ok(Verdict { name: "order totals equal the allocation prices of their seats", problems })
+}
+
+async fn no_held_back_seat_sold(pool: &PgPool, event: i64) -> anyhow::Result<Verdict> {
+    let rows: Vec<(Uuid, i64)> = sqlx::query_as(
+        "SELECT os.order_id, os.seat_id FROM order_seats os
+           LEFT JOIN seat_allocations a ON a.event_id = os.event_id AND a.seat_id = os.seat_id
+          WHERE os.event_id = $1 AND a.seat_id IS NULL",
+    )
+    .bind(event)
+    .fetch_all(pool)
+    .await?;
+    let problems = rows.iter().map(|(id, seat)| format!("order {id} sold held-back seat {seat}")).collect();
+    Ok(Verdict { name: "no held-back (unallocated) seat sold", problems })
+}
+
+fn no_server_errors(summary: &Summary) -> Verdict {
+    let problems = if summary.server_errors == 0 {
+        Vec::new()
+    } else {
+        summary
+            .statuses
+            .iter()
+            .filter(|(k, _)| k.rsplit(' ').next().is_some_and(|s| s.starts_with('5')))
+            .map(|(k, n)| format!("{n} x {k}"))
+            .collect()
+    };
+    Verdict { name: "zero 5xx answers in the run", problems }
+}
+
+/// Every admission step recorded: the admitted count never exceeds rate x elapsed + one burst, and never more
+/// than max_active fans were admitted within one session window.
+async fn admissions_within_bounds(target: &Target<'_>) -> anyhow::Result<Verdict> {
+    let client = redis::Client::open(target.redis_url).context("REDIS_URL")?;
+    let mut conn = client.get_multiplexed_async_connection().await.context("connecting to Redis")?;
+    let key = |name: &str| format!("{}queue:{{ev{}}}:{name}", target.redis_key_prefix, target.event);
+    let settings: HashMap<String, String> =
+        redis::cmd("HGETALL").arg(key("settings")).query_async(&mut conn).await.context("room settings")?;
+    let members: Vec<String> =
+        redis::cmd("ZRANGE").arg(key("batches")).arg(0).arg(-1).query_async(&mut conn).await.context("steps")?;
+    let number = |name: &str| settings.get(name).and_then(|v| v.parse::<f64>().ok());
+    let (Some(rate), Some(max_active), Some(session)) =
+        (number("admit_per_minute"), number("max_active"), number("session_seconds"))
+    else {
+        return Ok(Verdict { name: "admissions within the rate and max_active", problems: vec!["no room".into()] });
+    };
+    let steps: Vec<(u64, u64)> = members
+        .iter()
+        .filter_map(|m| {
+            let p: Vec<u64> = m.split(':').filter_map(|x| x.parse().ok()).collect();
+            (p.len() == 4).then(|| (p[2], p[3]))
+        })
+        .collect();
+    let mut problems = Vec::new();
+    // The gateway's burst: 500 ms of the rate, at least one fan.
+    let burst = (rate * 500.0 / 60_000.0).max(1.0);
+    let Some(&(t0, _)) = steps.first() else {
+        return Ok(Verdict { name: "admissions within the rate and max_active", problems });
+    };
+    let mut total = 0u64;
+    for (i, &(at, admitted)) in steps.iter().enumerate() {
+        total += admitted;
+        let bound = rate * (at - t0) as f64 / 60_000.0 + burst;
+        if total as f64 > bound + 1e-6 {
+            problems.push(format!("{total} admitted {} ms after the first step, above the bound {bound:.1}", at - t0));
+        }
+        let window: u64 =
+            steps[..=i].iter().filter(|(t, _)| *t as f64 + session * 1000.0 > at as f64).map(|(_, a)| a).sum();
+        if window as f64 > max_active {
+            problems
+                .push(format!("{window} admitted within one session window ending at step {i}, above {max_active}"));
+        }
+    }
+    Ok(Verdict { name: "admissions within the rate and max_active", problems })
+}

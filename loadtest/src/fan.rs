@@ -1,0 +1,252 @@
+//! One fan's journey, as a goose transaction: join the queue, poll at the server's pace until admitted, load
+//! the event and the seat map, hold seats (retrying around the seat a 409 names), and check out with an
+//! Idempotency-Key; some fans close the tab while queued or let their hold expire.
+//!
+//! Every request goes through goose (so its report has each one's latency) and through the run's connection
+//! limit (fans reach the gateway through a CDN that pools connections).
+
+use std::collections::HashSet;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use goose::prelude::*;
+use serde_json::{Value, json};
+use tokens::{AccountClaims, AccountId, unix_now};
+
+use crate::picker::{self, SeatMap};
+use crate::run::{Confirmed, Run, Stats};
+
+/// The run every goose user of this process belongs to.
+pub static RUN: OnceLock<Run> = OnceLock::new();
+
+/// An answer: status (0 when the request failed before one came) and JSON body (Null if none).
+struct Answer {
+    status: u16,
+    body: Value,
+}
+
+impl Answer {
+    fn str(&self, field: &str) -> Option<String> {
+        self.body[field].as_str().map(str::to_owned)
+    }
+}
+
+/// The fan's identity on the wire.
+struct Fan {
+    account: String,
+    account_token: String,
+    /// The client IP the CDN reports (`X-Forwarded-For`).
+    ip: String,
+}
+
+/// Sends one request through goose, under the connection limit, and records its status. Statuses in
+/// `expected` count as successes in goose's report.
+async fn send(
+    user: &mut GooseUser,
+    run: &Run,
+    name: &str,
+    method: GooseMethod,
+    path: &str,
+    prepare: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    expected: &[u16],
+) -> Result<Answer, Box<TransactionError>> {
+    let builder = prepare(user.get_request_builder(&method, path)?);
+    let request = GooseRequest::builder().set_request_builder(builder).name(name).build();
+    let permit = run.connections.acquire().await;
+    let mut goose = user.request(request).await?;
+    drop(permit);
+    let (status, body) = match goose.response {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let body = response.json::<Value>().await.unwrap_or(Value::Null);
+            (status, body)
+        }
+        Err(_) => (0, Value::Null),
+    };
+    run.stats.status(name, status);
+    if expected.contains(&status) {
+        user.set_success(&mut goose.request)?;
+    }
+    Ok(Answer { status, body })
+}
+
+fn think(run: &Run) -> Duration {
+    let (low, high) = run.settings.think_ms;
+    Duration::from_millis(if high > low { rand::random_range(low..=high) } else { low })
+}
+
+/// The whole journey of one fan.
+pub async fn journey(user: &mut GooseUser) -> TransactionResult {
+    let Some(run) = RUN.get() else { return Ok(()) };
+    let s = &run.settings;
+    let n = user.weighted_users_index;
+    let account = format!("{}-{n}", s.run_id);
+    let Ok(id) = AccountId::parse(&account) else { return Ok(()) };
+    let fan = Fan {
+        account_token: s.accounts.sign(&AccountClaims::new(id, &s.issuer, unix_now(), 7200)),
+        account,
+        ip: format!("10.{}.{}.{}", (n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff),
+    };
+    let event = s.event;
+
+    // Join.
+    let joined_at = Instant::now();
+    let join = send(
+        user,
+        run,
+        "join",
+        GooseMethod::Post,
+        &format!("/queue/{event}/join"),
+        |b| b.bearer_auth(&fan.account_token).header("x-forwarded-for", &fan.ip),
+        &[200],
+    )
+    .await?;
+    if join.status != 200 {
+        return Ok(());
+    }
+    Stats::add(&run.stats.joined);
+    if join.body["state"] != "admitted" && rand::random::<f64>() < s.abandon_queue {
+        // Closes the tab: never polls again; the gateway must skip it without stalling the queue.
+        Stats::add(&run.stats.abandoned_queue);
+        return Ok(());
+    }
+
+    // Wait, at the server's pace, until admitted.
+    let mut answer = join;
+    let mut ticket = answer.str("ticket").unwrap_or_default();
+    let proof = loop {
+        match answer.body["state"].as_str() {
+            Some("admitted") => break answer.str("admission_token").unwrap_or_default(),
+            Some("sold_out") | Some("closed") => {
+                Stats::add(&run.stats.sold_out_told);
+                return Ok(());
+            }
+            _ if answer.status == 409 => {
+                Stats::add(&run.stats.lapsed);
+                return Ok(());
+            }
+            _ => {}
+        }
+        if joined_at.elapsed() > s.max_wait {
+            Stats::add(&run.stats.timed_out);
+            return Ok(());
+        }
+        let pause = answer.body["poll_after_ms"].as_u64().unwrap_or(2000);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        answer = send(
+            user,
+            run,
+            "status",
+            GooseMethod::Get,
+            &format!("/queue/{event}/status"),
+            |b| b.bearer_auth(&ticket).header("x-forwarded-for", &fan.ip),
+            &[200],
+        )
+        .await?;
+        if let Some(fresh) = answer.str("ticket") {
+            ticket = fresh;
+        }
+    };
+    run.stats.admitted(run.started.elapsed(), joined_at.elapsed());
+    let auth = format!("Bearer {proof}");
+
+    // The event, then the seat map.
+    send(
+        user,
+        run,
+        "event",
+        GooseMethod::Get,
+        &format!("/events/{event}"),
+        |b| b.header("authorization", &auth),
+        &[200],
+    )
+    .await?;
+    let map = send(
+        user,
+        run,
+        "seats",
+        GooseMethod::Get,
+        &format!("/events/{event}/seats"),
+        |b| b.header("authorization", &auth),
+        &[200],
+    )
+    .await?;
+    let Ok(map) = serde_json::from_value::<SeatMap>(map.body) else { return Ok(()) };
+    tokio::time::sleep(think(run)).await;
+
+    // Hold: pick, and on a 409 try again around the seat it names.
+    let party = picker::party_size(rand::random());
+    let best = rand::random::<f64>() < s.best_share;
+    let mut taken: HashSet<i64> = HashSet::new();
+    let mut hold = None;
+    for _ in 0..s.hold_attempts {
+        let Some(seats) = picker::pick(&map, &taken, party, best, rand::random(), rand::random()) else { break };
+        let started = Instant::now();
+        let answer = send(
+            user,
+            run,
+            "hold",
+            GooseMethod::Post,
+            &format!("/events/{event}/holds"),
+            |b| b.header("authorization", &auth).json(&json!({ "seat_ids": seats })),
+            &[201, 409],
+        )
+        .await?;
+        run.stats.hold_latency(started.elapsed());
+        match answer.status {
+            201 => {
+                hold = Some((answer.str("hold_token").unwrap_or_default(), seats));
+                break;
+            }
+            409 => {
+                Stats::add(&run.stats.conflicts);
+                match answer.body["seat_id"].as_i64() {
+                    Some(seat) => {
+                        taken.insert(seat);
+                    }
+                    // Not a seat conflict (the account's cap): nothing more to try.
+                    None => break,
+                }
+            }
+            _ => break,
+        }
+    }
+    let Some((hold_token, seats)) = hold else {
+        Stats::add(&run.stats.gave_up);
+        return Ok(());
+    };
+    Stats::add(&run.stats.held);
+    if rand::random::<f64>() < s.abandon_hold {
+        // Walks away: the hold expires by itself and the seats go back on sale.
+        Stats::add(&run.stats.abandoned_hold);
+        return Ok(());
+    }
+    tokio::time::sleep(think(run)).await;
+
+    // Check out.
+    let key = format!("{}-{hold_token}", fan.account);
+    let started = Instant::now();
+    let order = send(
+        user,
+        run,
+        "checkout",
+        GooseMethod::Post,
+        &format!("/events/{event}/orders"),
+        |b| b.header("authorization", &auth).header("idempotency-key", &key).json(&json!({ "hold_token": hold_token })),
+        &[201, 409],
+    )
+    .await?;
+    run.stats.checkout_latency(started.elapsed());
+    if order.status == 201 {
+        let confirmed = Confirmed {
+            order_id: order.str("order_id").unwrap_or_default(),
+            account: fan.account.clone(),
+            seat_ids: seats,
+            total_cents: order.body["total_cents"].as_i64().unwrap_or(-1),
+        };
+        run.stats.confirmed(confirmed, run.started.elapsed());
+    } else {
+        Stats::add(&run.stats.checkout_refused);
+    }
+    Ok(())
+}

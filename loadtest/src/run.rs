@@ -1,0 +1,279 @@
+//! One on-sale run: its settings, and what the fans saw (counts, timings, confirmed orders), shared by every
+//! goose user of the process and summarised at the end.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokens::Keyring;
+use tokio::sync::Semaphore;
+
+/// What a run is told.
+pub struct Settings {
+    pub event: i64,
+    /// Prefix of the fans' account ids, unique per run.
+    pub run_id: String,
+    pub accounts: Keyring,
+    pub issuer: String,
+    /// Share of fans who close the tab while queued.
+    pub abandon_queue: f64,
+    /// Share of fans who let their hold expire instead of checking out.
+    pub abandon_hold: f64,
+    /// Share of fans who go for the best sections.
+    pub best_share: f64,
+    /// Think time between seeing the map and holding, and between holding and paying, in ms.
+    pub think_ms: (u64, u64),
+    /// Holds a fan tries before giving up.
+    pub hold_attempts: u32,
+    /// The longest a fan waits in the queue.
+    pub max_wait: Duration,
+}
+
+/// A confirmed order, as the fan saw it (the invariant checker looks each one up).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Confirmed {
+    pub order_id: String,
+    pub account: String,
+    pub seat_ids: Vec<i64>,
+    pub total_cents: i64,
+}
+
+/// Counters and timings.
+#[derive(Default)]
+pub struct Stats {
+    pub joined: AtomicU64,
+    pub admitted: AtomicU64,
+    pub abandoned_queue: AtomicU64,
+    pub abandoned_hold: AtomicU64,
+    pub lapsed: AtomicU64,
+    pub sold_out_told: AtomicU64,
+    pub held: AtomicU64,
+    pub conflicts: AtomicU64,
+    pub gave_up: AtomicU64,
+    pub orders: AtomicU64,
+    pub seats_sold: AtomicU64,
+    pub checkout_refused: AtomicU64,
+    pub timed_out: AtomicU64,
+    timings: Mutex<Timings>,
+}
+
+#[derive(Default)]
+struct Timings {
+    queue_wait_ms: Vec<u64>,
+    hold_ms: Vec<u64>,
+    checkout_ms: Vec<u64>,
+    admitted_at_ms: Vec<u64>,
+    last_order_ms: u64,
+    statuses: BTreeMap<String, u64>,
+    confirmed: Vec<Confirmed>,
+}
+
+impl Stats {
+    pub fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn with(&self, f: impl FnOnce(&mut Timings)) {
+        if let Ok(mut t) = self.timings.lock() {
+            f(&mut t);
+        }
+    }
+
+    /// An answer seen, by request name and status (`join 200`, `hold 409`...).
+    pub fn status(&self, name: &str, status: u16) {
+        self.with(|t| *t.statuses.entry(format!("{name} {status}")).or_default() += 1);
+    }
+
+    pub fn admitted(&self, since_start: Duration, waited: Duration) {
+        Self::add(&self.admitted);
+        self.with(|t| {
+            t.admitted_at_ms.push(since_start.as_millis() as u64);
+            t.queue_wait_ms.push(waited.as_micros() as u64);
+        });
+    }
+
+    pub fn hold_latency(&self, took: Duration) {
+        self.with(|t| t.hold_ms.push(took.as_micros() as u64));
+    }
+
+    pub fn checkout_latency(&self, took: Duration) {
+        self.with(|t| t.checkout_ms.push(took.as_micros() as u64));
+    }
+
+    pub fn confirmed(&self, order: Confirmed, since_start: Duration) {
+        Self::add(&self.orders);
+        self.seats_sold.fetch_add(order.seat_ids.len() as u64, Ordering::Relaxed);
+        self.with(|t| {
+            t.confirmed.push(order);
+            t.last_order_ms = t.last_order_ms.max(since_start.as_millis() as u64);
+        });
+    }
+
+    pub fn take_confirmed(&self) -> Vec<Confirmed> {
+        self.timings.lock().map(|mut t| std::mem::take(&mut t.confirmed)).unwrap_or_default()
+    }
+
+    /// The summary of the run so far.
+    pub fn summary(&self, wall: Duration, settings: &Settings) -> Summary {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let t = self.timings.lock().map(|t| Timings {
+            queue_wait_ms: t.queue_wait_ms.clone(),
+            hold_ms: t.hold_ms.clone(),
+            checkout_ms: t.checkout_ms.clone(),
+            admitted_at_ms: t.admitted_at_ms.clone(),
+            last_order_ms: t.last_order_ms,
+            statuses: t.statuses.clone(),
+            confirmed: Vec::new(),
+        });
+        let t = t.unwrap_or_default();
+        let mut admitted_at = t.admitted_at_ms.clone();
+        admitted_at.sort_unstable();
+        let admissions_per_minute = match (admitted_at.first(), admitted_at.last()) {
+            (Some(first), Some(last)) if last > first => {
+                Some((admitted_at.len() - 1) as f64 * 60_000.0 / (last - first) as f64)
+            }
+            _ => None,
+        };
+        let server_errors = t.statuses.iter().filter(|(k, _)| is_5xx(k)).map(|(_, v)| v).sum();
+        Summary {
+            event: settings.event,
+            wall_seconds: wall.as_secs_f64(),
+            joined: get(&self.joined),
+            admitted: get(&self.admitted),
+            abandoned_in_queue: get(&self.abandoned_queue),
+            abandoned_holds: get(&self.abandoned_hold),
+            lapsed: get(&self.lapsed),
+            told_sold_out: get(&self.sold_out_told),
+            held: get(&self.held),
+            conflicts: get(&self.conflicts),
+            gave_up: get(&self.gave_up),
+            orders: get(&self.orders),
+            seats_sold: get(&self.seats_sold),
+            checkouts_refused: get(&self.checkout_refused),
+            timed_out_in_queue: get(&self.timed_out),
+            admissions_per_minute,
+            first_admission_to_last_order_seconds: admitted_at
+                .first()
+                .map(|first| t.last_order_ms.saturating_sub(*first) as f64 / 1000.0),
+            queue_wait_ms: Percentiles::of(t.queue_wait_ms),
+            hold_ms: Percentiles::of(t.hold_ms),
+            checkout_ms: Percentiles::of(t.checkout_ms),
+            statuses: t.statuses,
+            server_errors,
+            process: Process::now(),
+        }
+    }
+}
+
+fn is_5xx(key: &str) -> bool {
+    key.rsplit(' ').next().is_some_and(|s| s.starts_with('5') && s.len() == 3)
+}
+
+/// p50, p95, p99 and max of a set of durations, in ms (from microsecond samples).
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of microsecond samples, reported in milliseconds.
+    pub fn of(mut micros: Vec<u64>) -> Self {
+        if micros.is_empty() {
+            return Self::default();
+        }
+        micros.sort_unstable();
+        let ms = |us: u64| us as f64 / 1000.0;
+        let at = |q: f64| ms(micros[((micros.len() as f64 * q).ceil() as usize).clamp(1, micros.len()) - 1]);
+        Self { count: micros.len(), p50: at(0.50), p95: at(0.95), p99: at(0.99), max: ms(micros[micros.len() - 1]) }
+    }
+}
+
+/// The load generator's own cost.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct Process {
+    pub cpu_seconds: f64,
+    pub peak_memory_mib: f64,
+}
+
+impl Process {
+    /// CPU time and peak resident memory of this process (Linux `/proc`).
+    pub fn now() -> Self {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command name (which may contain spaces): utime and stime are the 12th and 13th.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let hwm_kib = status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        Self { cpu_seconds: (ticks(11) + ticks(12)) / 100.0, peak_memory_mib: hwm_kib / 1024.0 }
+    }
+}
+
+/// What the run measured, written as `summary.json` and printed.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Summary {
+    pub event: i64,
+    pub wall_seconds: f64,
+    pub joined: u64,
+    pub admitted: u64,
+    pub abandoned_in_queue: u64,
+    pub abandoned_holds: u64,
+    pub lapsed: u64,
+    pub told_sold_out: u64,
+    pub held: u64,
+    pub conflicts: u64,
+    pub gave_up: u64,
+    pub orders: u64,
+    pub seats_sold: u64,
+    pub checkouts_refused: u64,
+    pub timed_out_in_queue: u64,
+    pub admissions_per_minute: Option<f64>,
+    pub first_admission_to_last_order_seconds: Option<f64>,
+    pub queue_wait_ms: Percentiles,
+    pub hold_ms: Percentiles,
+    pub checkout_ms: Percentiles,
+    /// Answers by request name and status.
+    pub statuses: BTreeMap<String, u64>,
+    pub server_errors: u64,
+    pub process: Process,
+}
+
+/// The whole run: settings, stats, the connection limit, and when it started.
+pub struct Run {
+    pub settings: Settings,
+    pub stats: Stats,
+    /// In-flight requests: fans reach the gateway through a CDN that holds a bounded pool of connections.
+    pub connections: Semaphore,
+    pub started: Instant,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let p = Percentiles::of((1..=100).map(|ms| ms * 1000).collect());
+        assert_eq!((p.count, p.p50, p.p95, p.p99, p.max), (100, 50.0, 95.0, 99.0, 100.0));
+        assert_eq!(Percentiles::of(vec![7500]).p99, 7.5);
+        assert_eq!(Percentiles::of(Vec::new()).count, 0);
+    }
+
+    #[test]
+    fn server_errors_are_counted_by_status() {
+        assert!(is_5xx("hold 503"));
+        assert!(!is_5xx("hold 409"));
+        assert!(!is_5xx("status 200"));
+    }
+}
