@@ -205,7 +205,9 @@ impl Queue {
             }
         };
         match joined {
-            Joined::Unknown | Joined::Opening => Reply::error(404, "queue_not_found", "this event has no waiting room"),
+            Joined::Unknown => Reply::error(404, "queue_not_found", "this event has no waiting room"),
+            // Still opening after our own attempt to open it: a moment's race; the fan retries.
+            Joined::Opening => Reply::unavailable(),
             Joined::Closed(state) => closed(state),
             Joined::Prequeue { count } => {
                 let ticket = self.ticket(&account, event, 0);

@@ -13,15 +13,20 @@ use goose::prelude::*;
 use serde_json::{Value, json};
 use tokens::{AccountClaims, AccountId, unix_now};
 
-use crate::picker::{self, SeatMap};
+use crate::picker::{self, Layout};
 use crate::run::{Confirmed, Run, Stats};
 
 /// The run every goose user of this process belongs to.
 pub static RUN: OnceLock<Run> = OnceLock::new();
 
-/// An answer: status (0 when the request failed before one came) and JSON body (Null if none).
+/// The event's seat layout, read from the first map a fan loads and shared (a CDN or browser would cache it).
+static LAYOUT: OnceLock<Layout> = OnceLock::new();
+
+/// An answer: status (0 when the request failed before one came), the raw body, and the body as JSON (Null
+/// if it is not, or when it was not asked for).
 struct Answer {
     status: u16,
+    raw: bytes::Bytes,
     body: Value,
 }
 
@@ -52,22 +57,24 @@ async fn send(
 ) -> Result<Answer, Box<TransactionError>> {
     let builder = prepare(user.get_request_builder(&method, path)?);
     let request = GooseRequest::builder().set_request_builder(builder).name(name).build();
+    // The permit covers reading the body too: the connection is busy until then.
     let permit = run.connections.acquire().await;
     let mut goose = user.request(request).await?;
-    drop(permit);
-    let (status, body) = match goose.response {
+    let (status, raw) = match goose.response {
         Ok(response) => {
             let status = response.status().as_u16();
-            let body = response.json::<Value>().await.unwrap_or(Value::Null);
-            (status, body)
+            (status, response.bytes().await.unwrap_or_default())
         }
-        Err(_) => (0, Value::Null),
+        Err(_) => (0, bytes::Bytes::new()),
     };
+    drop(permit);
     run.stats.status(name, status);
     if expected.contains(&status) {
         user.set_success(&mut goose.request)?;
     }
-    Ok(Answer { status, body })
+    // Seat maps are large: they are read borrowed by the picker, never as a JSON value.
+    let body = if name == "seats" { Value::Null } else { serde_json::from_slice(&raw).unwrap_or(Value::Null) };
+    Ok(Answer { status, raw, body })
 }
 
 fn think(run: &Run) -> Duration {
@@ -171,7 +178,18 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
         &[200],
     )
     .await?;
-    let Ok(map) = serde_json::from_value::<SeatMap>(map.body) else { return Ok(()) };
+    if map.status != 200 {
+        return Ok(());
+    }
+    let layout = match LAYOUT.get() {
+        Some(layout) => layout,
+        None => match Layout::parse(&map.raw) {
+            Ok(layout) => LAYOUT.get_or_init(|| layout),
+            Err(_) => return Ok(()),
+        },
+    };
+    let Ok(available) = layout.available(&map.raw) else { return Ok(()) };
+    drop(map);
     tokio::time::sleep(think(run)).await;
 
     // Hold: pick, and on a 409 try again around the seat it names.
@@ -180,7 +198,9 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
     let mut taken: HashSet<i64> = HashSet::new();
     let mut hold = None;
     for _ in 0..s.hold_attempts {
-        let Some(seats) = picker::pick(&map, &taken, party, best, rand::random(), rand::random()) else { break };
+        let Some(seats) = layout.pick(&available, &taken, party, best, rand::random(), rand::random()) else {
+            break;
+        };
         let started = Instant::now();
         let answer = send(
             user,
