@@ -152,6 +152,12 @@ impl GatewayProcess {
             }
         }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+        // Only the flags below configure it: the stack's environment (deploy/test exports it) must not leak in.
+        for (name, _) in std::env::vars() {
+            if name.starts_with("GATEWAY_") || name.starts_with("ACCOUNT_") || name == "REDIS_KEY_PREFIX" {
+                cmd.env_remove(name);
+            }
+        }
         cmd.arg("serve");
         for (name, value) in &args {
             cmd.args([name, value]);
