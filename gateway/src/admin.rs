@@ -214,14 +214,14 @@ async fn get_room(
     let view = RoomView {
         live: Some(LiveView {
             waiting: live.waiting(),
-            prequeue: live.prequeue,
-            active: live.active,
-            admitted_total: live.admitted_total,
+            prequeue: live.counts.prequeue,
+            active: live.counts.active,
+            admitted_total: live.counts.admitted_total,
             admissions_per_minute: live.admitted_last_minute,
-            abandoned_total: live.abandoned_total,
+            abandoned_total: live.counts.abandoned_total,
             median_wait_seconds: live.median_wait_ms.map(|ms| ms as f64 / 1000.0),
-            places_given: live.seq,
-            head: live.head,
+            places_given: live.counts.seq,
+            head: live.counts.head,
             view_age_ms: live.read_at.elapsed().as_millis() as u64,
         }),
         ..RoomView::new(event, &live.settings)

@@ -8,11 +8,11 @@ pub fn record_room(event: i64, live: &Live) {
     let label = event.to_string();
     let set = |name: &'static str, value: f64| metrics::gauge!(name, "event" => label.clone()).set(value);
     set("waiting_room_waiting", live.waiting() as f64);
-    set("waiting_room_prequeue", live.prequeue as f64);
-    set("waiting_room_active", live.active as f64);
-    set("waiting_room_admitted_total", live.admitted_total as f64);
+    set("waiting_room_prequeue", live.counts.prequeue as f64);
+    set("waiting_room_active", live.counts.active as f64);
+    set("waiting_room_admitted_total", live.counts.admitted_total as f64);
     set("waiting_room_admissions_per_minute", live.admitted_last_minute as f64);
-    set("waiting_room_abandoned_total", live.abandoned_total as f64);
+    set("waiting_room_abandoned_total", live.counts.abandoned_total as f64);
     set("waiting_room_admit_per_minute_setting", f64::from(live.settings.admit_per_minute));
     if let Some(ms) = live.median_wait_ms {
         set("waiting_room_median_wait_seconds", ms as f64 / 1000.0);

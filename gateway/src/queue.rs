@@ -360,7 +360,7 @@ impl Queue {
             Err(Freshness::Stale) => return Reply::unavailable(),
         };
         self.rooms.seen(event, ticket.sub.as_str());
-        if let Some(reply) = closed_for_waiting(event, &room.live.settings, ticket.place, room.live.head) {
+        if let Some(reply) = closed_for_waiting(event, &room.live.settings, ticket.place, room.live.counts.head) {
             return reply;
         }
         let now_ms = room.live.now_ms();

@@ -194,10 +194,9 @@ impl Batch {
     }
 }
 
-/// The queue figures of one refresh, replaced whole each time.
-#[derive(Debug, Clone)]
-pub struct Live {
-    pub settings: Settings,
+/// A queue's counters, as one atomic read of Redis gives them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
     /// The last place given out.
     pub seq: u64,
     /// The last place the admission step has passed.
@@ -208,6 +207,13 @@ pub struct Live {
     pub abandoned_total: u64,
     /// Fans in the pre-queue.
     pub prequeue: u64,
+}
+
+/// The queue figures of one refresh, replaced whole each time.
+#[derive(Debug, Clone)]
+pub struct Live {
+    pub settings: Settings,
+    pub counts: Counts,
     /// Median wait from join to admission over the last 1000 admitted fans.
     pub median_wait_ms: Option<u64>,
     /// Fans admitted over the last minute, from the step history.
@@ -221,7 +227,7 @@ pub struct Live {
 impl Live {
     /// Fans waiting for their turn (including any who abandoned and are not skipped yet).
     pub fn waiting(&self) -> u64 {
-        self.seq.saturating_sub(self.head)
+        self.counts.seq.saturating_sub(self.counts.head)
     }
 
     /// Redis's clock now, estimated from the refresh.
@@ -285,13 +291,13 @@ pub enum Standing {
 pub fn standing(live: &Live, history: &History, place: u64, now_ms: u64) -> Standing {
     if place == 0 {
         return if live.settings.state == QueueState::Prequeue {
-            Standing::Prequeue { count: live.prequeue, opens_at_ms: live.settings.opens_at_ms }
+            Standing::Prequeue { count: live.counts.prequeue, opens_at_ms: live.settings.opens_at_ms }
         } else {
             Standing::Drawn
         };
     }
-    if place > live.head {
-        return Standing::Waiting { position: place - live.head };
+    if place > live.counts.head {
+        return Standing::Waiting { position: place - live.counts.head };
     }
     if history.skipped.contains(&place) {
         return Standing::Lapsed;

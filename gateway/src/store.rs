@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script, Value};
 
-use crate::room::{Batch, QueueState, Settings, SettingsPatch};
+use crate::room::{Batch, Counts, QueueState, Settings, SettingsPatch};
 
 /// Why a Redis call did not give an answer.
 #[derive(Debug, thiserror::Error)]
@@ -116,12 +116,7 @@ pub enum StateChange {
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     pub settings: Option<Settings>,
-    pub seq: u64,
-    pub head: u64,
-    pub active: u64,
-    pub admitted_total: u64,
-    pub abandoned_total: u64,
-    pub prequeue: u64,
+    pub counts: Counts,
     pub waits_ms: Vec<u64>,
     pub new_batches: Vec<Batch>,
     pub new_skipped: Vec<u64>,
@@ -359,12 +354,14 @@ impl QueueStore {
         let new_batches = batches.iter().map(|m| Batch::parse(m).ok_or_else(|| StoreError::Reply(m.clone())));
         Ok(Snapshot {
             settings: Settings::from_hash(&settings),
-            seq: seq.unwrap_or(0),
-            head: head.unwrap_or(0),
-            active,
-            admitted_total: stat("admitted_total"),
-            abandoned_total: stat("abandoned_total"),
-            prequeue,
+            counts: Counts {
+                seq: seq.unwrap_or(0),
+                head: head.unwrap_or(0),
+                active,
+                admitted_total: stat("admitted_total"),
+                abandoned_total: stat("abandoned_total"),
+                prequeue,
+            },
             waits_ms,
             new_batches: new_batches.collect::<Result<_, _>>()?,
             new_skipped: skipped,

@@ -176,12 +176,7 @@ pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<()
     waits.sort_unstable();
     let live = Live {
         settings,
-        seq: snap.seq,
-        head: snap.head,
-        active: snap.active,
-        admitted_total: snap.admitted_total,
-        abandoned_total: snap.abandoned_total,
-        prequeue: snap.prequeue,
+        counts: snap.counts,
         median_wait_ms: waits.get(waits.len() / 2).copied(),
         admitted_last_minute,
         redis_ms: snap.redis_ms,

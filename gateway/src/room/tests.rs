@@ -3,12 +3,7 @@ use super::*;
 fn live(state: QueueState, seq: u64, head: u64) -> Live {
     Live {
         settings: Settings { state, ..Settings::DEFAULT },
-        seq,
-        head,
-        active: 0,
-        admitted_total: 0,
-        abandoned_total: 0,
-        prequeue: 0,
+        counts: Counts { seq, head, ..Counts::default() },
         median_wait_ms: None,
         admitted_last_minute: 0,
         redis_ms: 1_000_000,
