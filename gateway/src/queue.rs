@@ -78,6 +78,25 @@ impl QueueAnswer {
     }
 }
 
+/// A 200 answer on its way out: the body and the cookies that go with it.
+struct Answer {
+    body: QueueAnswer,
+    cookies: Vec<String>,
+}
+
+impl From<QueueAnswer> for Answer {
+    fn from(body: QueueAnswer) -> Self {
+        Self { body, cookies: Vec::new() }
+    }
+}
+
+impl From<Answer> for Reply {
+    fn from(answer: Answer) -> Self {
+        let body = serde_json::to_value(&answer.body).unwrap_or_default();
+        answer.cookies.into_iter().fold(Reply::json(200, &body), |reply, c| reply.header("set-cookie", c))
+    }
+}
+
 /// A whole response: status, headers (repeatable, e.g. `set-cookie`), body.
 #[derive(Debug, Clone)]
 pub struct Reply {
@@ -95,16 +114,12 @@ impl Reply {
         }
     }
 
-    pub fn answer(answer: &QueueAnswer) -> Self {
-        Self::json(200, &serde_json::to_value(answer).unwrap_or_default())
-    }
-
-    /// The contract's error body, `{"error", "message", ...details}`.
+    /// The contract's error body, `{"error", "message"}`.
     pub fn error(status: u16, code: &str, message: &str) -> Self {
-        Self::json(status, &json!({ "error": code, "message": message }))
+        Self::error_with(status, code, message, Value::Null)
     }
 
-    /// An error with extra detail fields.
+    /// An error with extra detail fields (an object; anything else adds nothing).
     pub fn error_with(status: u16, code: &str, message: &str, details: Value) -> Self {
         let mut body = json!({ "error": code, "message": message });
         if let (Some(b), Value::Object(d)) = (body.as_object_mut(), details) {
@@ -212,12 +227,12 @@ impl Queue {
             Joined::Prequeue { count } => {
                 let ticket = self.ticket(&account, event, 0);
                 let opens_at_ms = self.rooms.get(event).and_then(|r| r.live.settings.opens_at_ms);
-                self.with_ticket(self.prequeue_body(event, count, opens_at_ms), event, &ticket)
+                self.with_ticket(self.prequeue_body(event, count, opens_at_ms), event, &ticket).into()
             }
             Joined::Place { place, head, fresh } => {
                 let ticket = self.ticket(&account, event, place);
-                let body = self.placed_body(store, event, &account, place, head, fresh).await;
-                self.with_ticket(body, event, &ticket)
+                let answer = self.placed_body(store, event, &account, place, head, fresh).await;
+                answer.map_or_else(|refusal| refusal, |a| self.with_ticket(a, event, &ticket).into())
             }
         }
     }
@@ -230,7 +245,7 @@ impl Queue {
         place: u64,
         head: u64,
         fresh: bool,
-    ) -> Reply {
+    ) -> Result<Answer, Reply> {
         let room = self.rooms.get(event);
         let now_ms = room.as_ref().map_or(unix_now() * 1000, |r| r.live.now_ms());
         let settings = room.as_ref().map_or(room::Settings::DEFAULT, |r| r.live.settings.clone());
@@ -246,35 +261,30 @@ impl Queue {
                     tracing::warn!(error = %e, event, "refresh after an immediate admission failed");
                 }
                 let until_ms = now_ms + u64::from(settings.session_seconds) * 1000;
-                return self.admitted(event, account, now_ms, until_ms);
+                return Ok(self.admitted(event, account, now_ms, until_ms));
             }
         }
         if place <= head {
             // Already admitted earlier (joining again within the session): the status path knows the details.
             return match room {
                 Some(room) => self.standing_reply(event, account, &room, place, now_ms),
-                None => Reply::unavailable(),
+                None => Err(Reply::unavailable()),
             };
         }
-        self.waiting(event, &settings, place - head)
+        Ok(self.waiting(event, &settings, place - head))
     }
 
-    fn with_ticket(&self, reply: Reply, event: i64, ticket: &str) -> Reply {
-        let mut reply = reply;
-        if let Ok(mut body) = serde_json::from_slice::<Value>(&reply.body)
-            && let Some(obj) = body.as_object_mut()
-        {
-            obj.insert("ticket".into(), Value::String(ticket.to_owned()));
-            reply.body = Bytes::from(body.to_string());
-        }
-        let cookie =
-            self.cookie(&ticket_cookie(event), ticket, &format!("/queue/{event}"), self.options.ticket_ttl_seconds);
-        reply.header("set-cookie", cookie)
+    /// Hands out a ticket: in the body (for apps) and as the event's queue cookie (for browsers).
+    fn with_ticket(&self, mut answer: Answer, event: i64, ticket: &str) -> Answer {
+        let ttl = self.options.ticket_ttl_seconds;
+        answer.cookies.push(self.cookie(&ticket_cookie(event), ticket, &format!("/queue/{event}"), ttl));
+        answer.body.ticket = Some(ticket.to_owned());
+        answer
     }
 
-    fn prequeue_body(&self, event: i64, count: u64, opens_at_ms: Option<u64>) -> Reply {
+    fn prequeue_body(&self, event: i64, count: u64, opens_at_ms: Option<u64>) -> Answer {
         let eta = opens_at_ms.map(|at| (at / 1000).saturating_sub(unix_now()));
-        Reply::answer(&QueueAnswer {
+        Answer::from(QueueAnswer {
             prequeue: true,
             prequeue_size: Some(count),
             opens_at: opens_at_ms.map(|ms| rfc3339(ms / 1000)),
@@ -284,13 +294,13 @@ impl Queue {
         })
     }
 
-    fn waiting(&self, event: i64, settings: &room::Settings, position: u64) -> Reply {
+    fn waiting(&self, event: i64, settings: &room::Settings, position: u64) -> Answer {
         let state = match settings.state {
             QueueState::Open | QueueState::Prequeue => "waiting",
             other => other.as_str(),
         };
         let eta = room::eta_seconds(settings, position);
-        Reply::answer(&QueueAnswer {
+        Answer::from(QueueAnswer {
             position: Some(position),
             eta_seconds: eta,
             poll_after_ms: room::poll_after_ms(settings, eta, jitter()),
@@ -298,32 +308,39 @@ impl Queue {
         })
     }
 
-    fn admitted(&self, event: i64, account: &AccountId, at_ms: u64, until_ms: u64) -> Reply {
+    fn admitted(&self, event: i64, account: &AccountId, at_ms: u64, until_ms: u64) -> Answer {
         let now = unix_now();
         let exp = until_ms / 1000;
         let claims = AdmissionClaims { iat: at_ms / 1000, exp, ..AdmissionClaims::new(account.clone(), event, now, 0) };
         let proof = self.admission.sign(&claims);
         let cookie =
             self.cookie(tokens::ADMISSION_COOKIE, &proof, &format!("/events/{event}"), exp.saturating_sub(now));
-        Reply::answer(&QueueAnswer {
+        let body = QueueAnswer {
             admission_token: Some(proof),
             admitted_at: Some(rfc3339(at_ms / 1000)),
             expires_at: Some(rfc3339(exp)),
             next: Some(format!("/events/{event}/seats")),
             ..QueueAnswer::new(event, "admitted")
-        })
-        .header("set-cookie", cookie)
+        };
+        Answer { body, cookies: vec![cookie] }
     }
 
-    fn standing_reply(&self, event: i64, account: &AccountId, room: &room::Room, place: u64, now_ms: u64) -> Reply {
+    fn standing_reply(
+        &self,
+        event: i64,
+        account: &AccountId,
+        room: &room::Room,
+        place: u64,
+        now_ms: u64,
+    ) -> Result<Answer, Reply> {
         let standing = match room.history.read() {
             Ok(history) => room::standing(&room.live, &history, place, now_ms),
-            Err(_) => return Reply::unavailable(),
+            Err(_) => return Err(Reply::unavailable()),
         };
-        match standing {
-            Standing::Prequeue { count, opens_at_ms } => self.prequeue_body(event, count, opens_at_ms),
-            Standing::Waiting { position } => self.waiting(event, &room.live.settings, position),
-            Standing::Admitted { at_ms, until_ms } => self.admitted(event, account, at_ms, until_ms),
+        Err(match standing {
+            Standing::Prequeue { count, opens_at_ms } => return Ok(self.prequeue_body(event, count, opens_at_ms)),
+            Standing::Waiting { position } => return Ok(self.waiting(event, &room.live.settings, position)),
+            Standing::Admitted { at_ms, until_ms } => return Ok(self.admitted(event, account, at_ms, until_ms)),
             Standing::Lapsed => Reply::error(
                 409,
                 "place_lapsed",
@@ -334,7 +351,7 @@ impl Queue {
             }
             // Handled by the caller, which looks the place up.
             Standing::Drawn => Reply::unavailable(),
-        }
+        })
     }
 
     /// `GET /queue/{event}/status` with a queue ticket.
@@ -369,8 +386,9 @@ impl Queue {
             let Ok(store) = self.store.get() else { return Reply::unavailable() };
             return match store.place_of(event, ticket.sub.as_str()).await {
                 Ok(Some(place)) => {
-                    let reply = self.standing_reply(event, &ticket.sub, &room, place, now_ms);
-                    self.with_ticket(reply, event, &self.ticket(&ticket.sub, event, place))
+                    let new_ticket = self.ticket(&ticket.sub, event, place);
+                    self.standing_reply(event, &ticket.sub, &room, place, now_ms)
+                        .map_or_else(|refusal| refusal, |a| self.with_ticket(a, event, &new_ticket).into())
                 }
                 Ok(None) => Reply::error(
                     409,
@@ -380,7 +398,7 @@ impl Queue {
                 Err(_) => Reply::unavailable(),
             };
         }
-        self.standing_reply(event, &ticket.sub, &room, ticket.place, now_ms)
+        self.standing_reply(event, &ticket.sub, &room, ticket.place, now_ms).map_or_else(|refusal| refusal, Reply::from)
     }
 }
 
@@ -388,7 +406,7 @@ impl Queue {
 fn closed_for_waiting(event: i64, settings: &room::Settings, place: u64, head: u64) -> Option<Reply> {
     let waiting = place == 0 || place > head;
     (waiting && matches!(settings.state, QueueState::Closed | QueueState::SoldOut)).then(|| {
-        Reply::answer(&QueueAnswer { poll_after_ms: 30_000, ..QueueAnswer::new(event, settings.state.as_str()) })
+        Answer::from(QueueAnswer { poll_after_ms: 30_000, ..QueueAnswer::new(event, settings.state.as_str()) }).into()
     })
 }
 
