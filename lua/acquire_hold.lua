@@ -1,10 +1,11 @@
 -- acquire_hold: grant a basket of seats to one new hold token, all or nothing.
 --
 -- KEYS[1]     hold record (hash)            <p>hold:{evE}:token:<token>   fields account, seats, n, created, expires
--- KEYS[2]     account seats (sorted set)    <p>hold:{evE}:account:<id>    member "<token>:<n>", score = expiry (ms);
---                                                                          bought seats as "sold:<n>", score +inf
+-- KEYS[2]     account seats (sorted set)    <p>hold:{evE}:account:<id>    member "<token>:<n>", score = expiry
+--                                                                          of the hold, or of the order's payment
+--                                                                          deadline (ms); +inf once paid
 -- KEYS[3]     seat map version (counter)    <p>seatmap:{evE}:version
--- KEYS[4..]   seat keys, in basket order    <p>hold:{evE}:seat:<seat>     value = hold token, or "sold"
+-- KEYS[4..]   seat keys, in basket order    <p>hold:{evE}:seat:<seat>     value = hold token, or "sold:<token>"
 -- ARGV[1]     hold token
 -- ARGV[2]     account id
 -- ARGV[3]     hold time to live (ms)
@@ -29,11 +30,11 @@ end
 
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local counted = 0
-local bought = false
 for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   counted = counted + tonumber(string.match(member, ':(%d+)$'))
-  bought = bought or string.sub(member, 1, 5) == 'sold:'
 end
+-- A set without expiry that exists holds a paid order (reserve_seats persisted it).
+local bought = redis.call('PTTL', KEYS[2]) == -1
 if counted + n > tonumber(ARGV[4]) then
   return {-1, counted}
 end

@@ -29,6 +29,51 @@ pub enum Command {
     Openapi,
     /// Measure holds and checkouts per second against redis-benchmark and pgbench on this machine.
     Bench(Box<crate::bench::BenchArgs>),
+    /// Serve the fake payment provider (payments in memory, signed webhooks back to booking).
+    Provider(ProviderArgs),
+    /// Run only the outbox relay (publishes order events to the Redis Stream), e.g. beside `serve
+    /// --outbox-relay-interval-ms 0`.
+    Relay(RelayArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ProviderArgs {
+    /// Address to listen on.
+    #[arg(long, env = "PROVIDER_LISTEN", default_value = "127.0.0.1:18090")]
+    pub listen: SocketAddr,
+    /// Secret that signs webhooks (HMAC-SHA256); booking verifies with the same one.
+    #[arg(long, env = "PAYMENT_WEBHOOK_SECRET", value_parser = secret)]
+    pub webhook_secret: SecretString,
+    /// Deliveries of one event at most, with doubling pauses from 100 ms, while booking answers 5xx or nothing.
+    #[arg(long, env = "PROVIDER_DELIVERY_ATTEMPTS", default_value_t = 5)]
+    pub delivery_attempts: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RelayArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    #[command(flatten)]
+    pub outbox: OutboxArgs,
+    /// Fault injection for tests: abort the process right after publishing this many events, before marking
+    /// them published (a crash in the window between the two).
+    #[arg(long, hide = true)]
+    pub crash_after_publish: Option<usize>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct OutboxArgs {
+    /// How often the outbox relay looks for unpublished order events, in milliseconds (0: no relay here).
+    #[arg(long, env = "OUTBOX_RELAY_INTERVAL_MS", default_value_t = 200)]
+    pub outbox_relay_interval_ms: u64,
+    /// Events published per relay transaction at most.
+    #[arg(long, env = "OUTBOX_RELAY_BATCH", default_value_t = 500)]
+    pub outbox_relay_batch: i64,
+    /// Approximate cap on the stream's length (XADD MAXLEN ~); 0 keeps every entry.
+    #[arg(long, env = "OUTBOX_STREAM_MAX_LEN", default_value_t = 1_000_000)]
+    pub outbox_stream_max_len: usize,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -36,6 +81,16 @@ pub struct DatabaseArgs {
     /// Postgres connection URL.
     #[arg(long, env = "DATABASE_URL", value_parser = secret)]
     pub database_url: SecretString,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RedisArgs {
+    /// Redis connection URL.
+    #[arg(long, env = "REDIS_URL", value_parser = secret)]
+    pub redis_url: SecretString,
+    /// Prefix of every Redis key this service writes (namespaces a deployment; no braces).
+    #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "")]
+    pub redis_key_prefix: String,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -97,12 +152,8 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub db: DatabaseArgs,
-    /// Redis connection URL.
-    #[arg(long, env = "REDIS_URL", value_parser = secret)]
-    pub redis_url: SecretString,
-    /// Prefix of every Redis key this service writes (namespaces a deployment; no braces).
-    #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "")]
-    pub redis_key_prefix: String,
+    #[command(flatten)]
+    pub redis: RedisArgs,
     /// Keyring that verifies admission proofs, `kid:secret[,kid:secret...]`.
     #[arg(long, env = "ADMISSION_KEYS", value_parser = secret)]
     pub admission_keys: SecretString,
@@ -118,9 +169,32 @@ pub struct ServeConfig {
     /// Seats one account may hold and buy per event at most.
     #[arg(long, env = "MAX_SEATS_PER_ACCOUNT", default_value_t = 8)]
     pub max_seats_per_account: usize,
-    /// Payment window of a new order, in seconds.
+    /// Payment window of a new order, in seconds; also how far one extension pushes the deadline.
     #[arg(long, env = "PAYMENT_WINDOW_SECONDS", default_value_t = 600)]
     pub payment_window_seconds: u32,
+    /// Absolute cap on an order's payment deadline from its creation, however often extended, in seconds.
+    #[arg(long, env = "PAYMENT_MAX_SECONDS", default_value_t = 1_200)]
+    pub payment_max_seconds: u32,
+    /// Base URL of the payment provider (`booking provider` in the local stack).
+    #[arg(long, env = "PAYMENT_PROVIDER_URL", default_value = "http://127.0.0.1:18090")]
+    pub payment_provider_url: String,
+    /// Secret that verifies the provider's webhooks (HMAC-SHA256). Without it `POST /webhooks/payments`
+    /// answers 503 `payments_not_configured`.
+    #[arg(long, env = "PAYMENT_WEBHOOK_SECRET", value_parser = secret)]
+    pub payment_webhook_secret: Option<SecretString>,
+    /// The URL the provider calls back (this service's `/webhooks/payments`, as the provider reaches it);
+    /// default: `http://<listen>/webhooks/payments`.
+    #[arg(long, env = "PAYMENT_WEBHOOK_URL")]
+    pub payment_webhook_url: Option<String>,
+    /// Bearer token of the operator routes (`/admin/...`). Without it they answer 403 `admin_disabled`.
+    #[arg(long, env = "BOOKING_ADMIN_TOKEN", value_parser = secret)]
+    pub admin_token: Option<SecretString>,
+    /// How often the sweeper cancels unpaid orders past their deadline, in milliseconds (0: no sweeper here).
+    /// Only tidiness depends on it: a deadline frees the seats by itself.
+    #[arg(long, env = "SWEEP_INTERVAL_MS", default_value_t = 1_000)]
+    pub sweep_interval_ms: u64,
+    #[command(flatten)]
+    pub outbox: OutboxArgs,
     /// How long a serialised seat map is served to every fan before it is rebuilt, in milliseconds (0: rebuilt
     /// on every request).
     #[arg(long, env = "SEAT_MAP_CACHE_MS", default_value_t = 250)]

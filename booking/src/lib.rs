@@ -5,9 +5,11 @@ pub mod bench;
 pub mod config;
 pub mod domain;
 pub mod http;
+pub mod provider;
 pub mod seed;
 pub mod store;
 pub mod telemetry;
+pub mod workers;
 
 /// Migrations of the booking database, embedded at build time from `migrations/`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

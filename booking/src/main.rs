@@ -65,6 +65,34 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Openapi => println!("{}", http::openapi::document()),
         Command::Bench(args) => bench::run(&args).await?,
+        Command::Provider(args) => {
+            let listener =
+                tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+            tracing::info!(addr = %listener.local_addr()?, "fake payment provider listening");
+            let app = booking::provider::router(args.webhook_secret.expose_secret().as_bytes(), args.delivery_attempts);
+            axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+        }
+        Command::Relay(args) => {
+            let pool = PgPool::connect(args.db.database_url.expose_secret()).await.context("connecting to Postgres")?;
+            let client = redis::Client::open(args.redis.redis_url.expose_secret()).context("REDIS_URL")?;
+            let conn = client.get_connection_manager().await.context("connecting to Redis")?;
+            let keys = booking::store::holds::Keys::new(&args.redis.redis_key_prefix)?;
+            let every = std::time::Duration::from_millis(args.outbox.outbox_relay_interval_ms.max(1));
+            let relay = booking::workers::Relay {
+                stream: booking::store::outbox::Stream {
+                    key: keys.outbox_stream(),
+                    max_len: args.outbox.outbox_stream_max_len,
+                },
+                every,
+                batch: args.outbox.outbox_relay_batch.max(1),
+                crash_after_publish: args.crash_after_publish,
+            };
+            tracing::info!(stream = %relay.stream.key, "outbox relay running");
+            tokio::select! {
+                () = booking::workers::relay(pool, conn, relay) => {}
+                () = shutdown_signal() => {}
+            }
+        }
     }
     Ok(())
 }

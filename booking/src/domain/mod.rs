@@ -3,6 +3,7 @@
 //! Invariant: nothing here knows sqlx, redis, axum or the clock; time is passed in.
 
 mod catalogue;
+pub mod order;
 #[cfg(test)]
 mod tests;
 

@@ -1,14 +1,17 @@
 //! The HTTP surface: routes, the shared state, and the only code that knows status codes, headers and JSON
 //! shapes.
 
+mod admin;
 mod auth;
 mod error;
 mod events;
 mod holds;
+mod lifecycle;
 pub mod openapi;
 mod ops;
 mod orders;
 mod seat_maps;
+mod webhooks;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +22,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretString};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokens::Keyring;
@@ -28,8 +31,12 @@ use tokio::net::TcpListener;
 pub use error::{ApiError, ErrorBody};
 
 use crate::config::ServeConfig;
+use crate::provider;
 use crate::store::catalogues::Catalogues;
 use crate::store::holds::{HoldTimes, Holds, Keys};
+use crate::store::lifecycle::Window;
+use crate::store::outbox;
+use crate::workers;
 
 /// How long a released or expired hold's record is kept, so late callers hear "expired".
 const HOLD_RECORD_RETENTION: Duration = Duration::from_secs(3600);
@@ -42,6 +49,23 @@ pub struct Limits {
     pub payment_window_seconds: u32,
 }
 
+/// The payment step: the provider, its webhook secret, and the payment window.
+#[derive(Clone)]
+pub struct Payments {
+    pub provider: provider::Client,
+    pub webhook_secret: Option<SecretString>,
+    /// What the provider is told to call back.
+    pub webhook_url: String,
+    pub window: Window,
+}
+
+/// Background work this process runs beside the API.
+#[derive(Clone, Debug)]
+struct Background {
+    sweep_every: Option<Duration>,
+    relay: Option<workers::Relay>,
+}
+
 /// Everything a handler needs. Cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
@@ -51,6 +75,9 @@ pub struct AppState {
     pub seat_maps: Arc<seat_maps::SeatMaps>,
     pub keyring: Arc<Keyring>,
     pub limits: Limits,
+    pub payments: Payments,
+    admin_token: Option<SecretString>,
+    background: Background,
     body_limit_bytes: usize,
 }
 
@@ -63,15 +90,42 @@ impl AppState {
         );
         anyhow::ensure!(cfg.max_seats_per_basket > 0, "MAX_SEATS_PER_BASKET must be at least 1");
         let keyring = Keyring::parse(cfg.admission_keys.expose_secret()).context("ADMISSION_KEYS")?;
-        let client = redis::Client::open(cfg.redis_url.expose_secret()).context("REDIS_URL")?;
+        let client = redis::Client::open(cfg.redis.redis_url.expose_secret()).context("REDIS_URL")?;
         let conn = tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
             .await
             .context("Redis did not answer within 5 s (is it running? `deploy/stack up` starts it)")?
             .context("connecting to Redis")?;
         let times =
             HoldTimes { ttl: cfg.hold_ttl(), max_total: cfg.hold_max(), record_retention: HOLD_RECORD_RETENTION };
-        let holds = Holds::new(conn, Keys::new(&cfg.redis_key_prefix)?, cfg.redis_timeout(), times);
+        let keys = Keys::new(&cfg.redis.redis_key_prefix)?;
+        let stream = outbox::Stream { key: keys.outbox_stream(), max_len: cfg.outbox.outbox_stream_max_len };
+        let holds = Holds::new(conn, keys, cfg.redis_timeout(), times);
+        anyhow::ensure!(
+            cfg.payment_window_seconds > 0 && cfg.payment_max_seconds >= cfg.payment_window_seconds,
+            "need 0 < PAYMENT_WINDOW_SECONDS <= PAYMENT_MAX_SECONDS"
+        );
+        let payments = Payments {
+            provider: provider::Client::new(&cfg.payment_provider_url, Duration::from_secs(5)),
+            webhook_secret: cfg.payment_webhook_secret.clone(),
+            webhook_url: cfg
+                .payment_webhook_url
+                .clone()
+                .unwrap_or_else(|| format!("http://{}/webhooks/payments", cfg.listen)),
+            window: Window { seconds: cfg.payment_window_seconds, max_seconds: cfg.payment_max_seconds },
+        };
+        let background = Background {
+            sweep_every: (cfg.sweep_interval_ms > 0).then(|| Duration::from_millis(cfg.sweep_interval_ms)),
+            relay: (cfg.outbox.outbox_relay_interval_ms > 0).then(|| workers::Relay {
+                stream,
+                every: Duration::from_millis(cfg.outbox.outbox_relay_interval_ms),
+                batch: cfg.outbox.outbox_relay_batch.max(1),
+                crash_after_publish: None,
+            }),
+        };
         Ok(Self {
+            payments,
+            admin_token: cfg.admin_token.clone(),
+            background,
             catalogues: Catalogues::new(pool.clone(), cfg.catalogue_refresh()),
             seat_maps: Arc::new(seat_maps::SeatMaps::new(Duration::from_millis(cfg.seat_map_cache_ms))),
             pool,
@@ -110,6 +164,14 @@ pub fn router(state: AppState) -> Router {
         .route("/events/{event_id}/holds/{hold_token}", delete(holds::release_hold))
         .route("/events/{event_id}/holds/{hold_token}/extend", post(holds::extend_hold))
         .route("/events/{event_id}/orders", post(orders::create_order))
+        .route("/events/{event_id}/orders/{order_id}", get(lifecycle::get_order))
+        .route("/events/{event_id}/orders/{order_id}/payment", post(lifecycle::start_payment))
+        .route("/events/{event_id}/orders/{order_id}/extend", post(lifecycle::extend_order))
+        .route("/webhooks/payments", post(webhooks::payment_webhook))
+        .route("/admin/orders/{order_id}", get(admin::get_order))
+        .route("/admin/orders/{order_id}/cancel", post(admin::cancel_order))
+        .route("/admin/orders/{order_id}/refund", post(admin::refund_order))
+        .route("/admin/events/{event_id}/orders", get(admin::event_orders))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
@@ -121,13 +183,29 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves `router(state)` on a bound listener until `shutdown` resolves.
+/// Serves `router(state)` on a bound listener until `shutdown` resolves, with the configured background work
+/// (sweeper, outbox relay) running beside it and stopped with it.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    let mut background = Vec::new();
+    if let Some(every) = state.background.sweep_every {
+        background.push(tokio::spawn(workers::sweeper(state.pool.clone(), every)));
+    }
+    if let Some(relay) = state.background.relay.clone() {
+        let (conn, _) = state.holds.connection();
+        background.push(tokio::spawn(workers::relay(state.pool.clone(), conn, relay)));
+    }
+    let served = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await;
+    for task in &background {
+        task.abort();
+    }
+    for task in background {
+        let _ = task.await;
+    }
+    served
 }
 
 /// Counts requests and their latency by route template and status (low cardinality: never an id).

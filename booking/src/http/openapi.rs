@@ -4,7 +4,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{error, events, holds, ops, orders};
+use super::{admin, error, events, holds, lifecycle, ops, orders, webhooks};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -13,7 +13,9 @@ use super::{error, events, holds, ops, orders};
     paths(
         events::get_event, events::get_seats, events::get_availability,
         holds::create_hold, holds::release_hold, holds::extend_hold,
-        orders::create_order,
+        orders::create_order, lifecycle::get_order, lifecycle::start_payment, lifecycle::extend_order,
+        webhooks::payment_webhook,
+        admin::get_order, admin::cancel_order, admin::refund_order, admin::event_orders,
         ops::healthz, ops::readyz,
     ),
     components(schemas(error::ErrorBody)),
@@ -33,6 +35,15 @@ impl Modify for AdmissionAuth {
                     .scheme(HttpAuthScheme::Bearer)
                     .bearer_format("JWT")
                     .description(Some("Admission proof issued by the gateway (or `booking token admission`)"))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "admin",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("The operator token, `BOOKING_ADMIN_TOKEN`"))
                     .build(),
             ),
         );

@@ -18,8 +18,9 @@ use super::auth::Proof;
 use super::error::{ApiError, ApiJson, ApiPath};
 use super::events::catalogue;
 use super::holds::{PricedSeat, hold_expired, hold_not_yours, priced, seat_unavailable};
+use crate::domain::order::CancelReason;
 use crate::domain::{Catalogue, EventId, HoldToken, SeatId};
-use crate::store::holds::{HoldCheck, HoldRecord};
+use crate::store::holds::{HoldCheck, HoldRecord, OrderSeats, Until};
 use crate::store::orders::{self, Answer, Checkout, CheckoutError, NewOrder, Order, Recorded, rfc3339};
 
 /// Longest accepted idempotency key.
@@ -37,14 +38,20 @@ pub struct OrderRequest {
 pub struct OrderView {
     pub order_id: Uuid,
     pub event_id: i64,
-    /// `reserved` until paid (the payment window ends at `payment_due_at`).
+    /// `reserved` until paid (the payment window ends at `payment_due_at`), then `paid`; or `cancelled` (see
+    /// `cancel_reason`), `refund_due` or `refunded`.
     pub status: String,
+    /// Why a cancelled order was cancelled: `expired`, `payment_failed` or `operator`.
+    pub cancel_reason: Option<CancelReason>,
     pub hold_token: Uuid,
     pub seats: Vec<PricedSeat>,
     /// Sum of the seats' prices at checkout, from their allocations.
     pub total_cents: i64,
     pub currency: String,
     pub payment_due_at: String,
+    /// The provider's payment, once the fan started paying.
+    pub payment_id: Option<String>,
+    pub paid_at: Option<String>,
     pub created_at: String,
 }
 
@@ -59,11 +66,14 @@ fn view(order: &Order, cat: &Catalogue) -> OrderView {
         order_id: order.id.0,
         event_id: order.event.0,
         status: order.status.clone(),
+        cancel_reason: None,
         hold_token: order.hold.0,
         seats,
         total_cents: order.total_cents,
         currency: order.currency.clone(),
         payment_due_at: rfc3339(order.payment_due_at),
+        payment_id: None,
+        paid_at: None,
         created_at: rfc3339(order.created_at),
     }
 }
@@ -161,9 +171,10 @@ pub async fn create_order(
     };
     metrics::counter!("booking_checkouts_total", "outcome" => "created").increment(1);
 
-    // Best effort: mark the seats sold in Redis so later holds are refused without Postgres. If this fails,
-    // the hold simply expires and Postgres still refuses any second sale.
-    if let Err(e) = state.holds.sell(event, token, &rec).await {
+    // Best effort: mark the seats taken in Redis until the payment deadline, so later holds are refused
+    // without Postgres. If this fails, the hold simply expires and Postgres still refuses any second sale.
+    let seats = OrderSeats { token, account, seats: &rec.seats };
+    if let Err(e) = state.holds.reserve(event, &seats, Until::deadline(order.payment_due_at), false).await {
         tracing::warn!(error = %e, "checkout committed but the seats were not marked sold in Redis");
     }
     Ok((StatusCode::CREATED, Json(view(&order, &cat))).into_response())

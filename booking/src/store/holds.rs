@@ -12,8 +12,8 @@ use redis::aio::ConnectionManager;
 use super::StoreError;
 use crate::domain::{EventId, HoldToken, MapVersion, SeatId, SeatStatus, join_seats, split_seats};
 
-/// The Redis value of a seat that was sold (after checkout committed).
-const SOLD: &str = "sold";
+/// The start of a seat's Redis value once it is in an order ("sold:<hold token>"; see `lua/reserve_seats.lua`).
+const SOLD: &str = "sold:";
 
 /// Builds every Redis key booking uses. `prefix` namespaces a deployment (or a test) and never contains a
 /// brace, so the event's hash tag is always the first one in the key.
@@ -43,6 +43,12 @@ impl Keys {
     pub fn version(&self, event: EventId) -> String {
         format!("{}seatmap:{{ev{event}}}:version", self.prefix)
     }
+
+    /// The stream the outbox relay publishes order events to (one for every event; no hash tag, as no script
+    /// touches it together with an event's keys).
+    pub fn outbox_stream(&self) -> String {
+        format!("{}outbox:orders", self.prefix)
+    }
 }
 
 struct Scripts {
@@ -50,7 +56,8 @@ struct Scripts {
     release: Script,
     extend: Script,
     verify: Script,
-    sell: Script,
+    reserve: Script,
+    release_order: Script,
 }
 
 impl Scripts {
@@ -60,7 +67,8 @@ impl Scripts {
             release: Script::new(include_str!("../../../lua/release_hold.lua")),
             extend: Script::new(include_str!("../../../lua/extend_hold.lua")),
             verify: Script::new(include_str!("../../../lua/verify_hold.lua")),
-            sell: Script::new(include_str!("../../../lua/sell_hold.lua")),
+            reserve: Script::new(include_str!("../../../lua/reserve_seats.lua")),
+            release_order: Script::new(include_str!("../../../lua/release_seats.lua")),
         }
     }
 }
@@ -81,6 +89,30 @@ pub struct HoldTimes {
     pub max_total: Duration,
     /// How long a hold's record outlives the hold, so a late caller hears "expired" rather than "unknown".
     pub record_retention: Duration,
+}
+
+/// The seats of an order, as Redis knows them: by the hold token they were checked out with.
+#[derive(Debug, Clone, Copy)]
+pub struct OrderSeats<'a> {
+    pub token: HoldToken,
+    pub account: &'a str,
+    pub seats: &'a [SeatId],
+}
+
+/// How long an order's seats stay marked taken in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// Until the payment deadline, unix ms (Postgres's clock).
+    Deadline(i64),
+    /// For good: the order is paid.
+    Paid,
+}
+
+impl Until {
+    /// Until a deadline given by Postgres.
+    pub fn deadline(at: time::OffsetDateTime) -> Self {
+        Until::Deadline(i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX))
+    }
 }
 
 /// Outcome of asking for a basket.
@@ -139,6 +171,11 @@ pub struct Holds {
 impl Holds {
     pub fn new(conn: ConnectionManager, keys: Keys, timeout: Duration, times: HoldTimes) -> Self {
         Self { conn, keys, timeout, times, scripts: std::sync::Arc::new(Scripts::load()) }
+    }
+
+    /// The Redis connection (shared, multiplexed) and the key builder, for the outbox relay.
+    pub fn connection(&self) -> (ConnectionManager, &Keys) {
+        (self.conn.clone(), &self.keys)
     }
 
     async fn run<T>(&self, fut: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
@@ -236,10 +273,46 @@ impl Holds {
         decode_check("verify_hold", &self.call(inv).await?, |e| HoldCheck::Live { expires_at_ms: e })
     }
 
-    /// After checkout committed: marks the hold's seats sold and counts them against the account's cap.
-    pub async fn sell(&self, event: EventId, token: HoldToken, rec: &HoldRecord) -> Result<i64, StoreError> {
-        let mut inv = self.on_hold(&self.scripts.sell, Lead::RecordAccountVersion, event, token, rec);
-        inv.arg(rec.seats.len());
+    /// After Postgres gave the seats to an order: marks them taken until `until` (the payment deadline, or
+    /// for good once paid) and counts them against the account's cap as long. `force` marks every seat whatever
+    /// Redis holds for it (a late payment took the seats back); otherwise only seats still carrying the hold's
+    /// token or this order's marker.
+    pub async fn reserve(
+        &self,
+        event: EventId,
+        order: &OrderSeats<'_>,
+        until: Until,
+        force: bool,
+    ) -> Result<i64, StoreError> {
+        let mut inv = self.scripts.reserve.prepare_invoke();
+        inv.key(self.keys.record(event, order.token))
+            .key(self.keys.account(event, order.account))
+            .key(self.keys.version(event));
+        for &seat in order.seats {
+            inv.key(self.keys.seat(event, seat));
+        }
+        let due_ms = match until {
+            Until::Deadline(ms) => ms.max(1),
+            Until::Paid => 0,
+        };
+        inv.arg(order.token.to_string())
+            .arg(order.seats.len())
+            .arg(due_ms)
+            .arg(u8::from(force))
+            .arg(ms(self.times.record_retention));
+        let mut conn = self.conn.clone();
+        self.run(inv.invoke_async(&mut conn)).await
+    }
+
+    /// After Postgres took an order's seats off it: deletes the order's own markers (never a later sale's) and
+    /// its count on the account. Returns how many seats went back on sale.
+    pub async fn release_order(&self, event: EventId, order: &OrderSeats<'_>) -> Result<i64, StoreError> {
+        let mut inv = self.scripts.release_order.prepare_invoke();
+        inv.key(self.keys.account(event, order.account)).key(self.keys.version(event));
+        for &seat in order.seats {
+            inv.key(self.keys.seat(event, seat));
+        }
+        inv.arg(order.token.to_string()).arg(order.seats.len());
         let mut conn = self.conn.clone();
         self.run(inv.invoke_async(&mut conn)).await
     }
@@ -303,7 +376,7 @@ impl Holds {
             .flatten()
             .map(|v| match v.as_deref() {
                 None => SeatStatus::Available,
-                Some(SOLD) => SeatStatus::Sold,
+                Some(v) if v.starts_with(SOLD) => SeatStatus::Sold,
                 Some(_) => SeatStatus::Held,
             })
             .collect();

@@ -2,7 +2,9 @@
 
 pub mod catalogues;
 pub mod holds;
+pub mod lifecycle;
 pub mod orders;
+pub mod outbox;
 
 use std::time::Duration;
 

@@ -81,18 +81,27 @@ pub async fn catalogue_version(pool: &PgPool, event: EventId) -> Result<Option<i
         .await?)
 }
 
-/// Seats of the event in an active (reserved or paid) order: sold, whatever Redis says.
+/// The condition on an `order_seats` row that takes its seat now: its order is paid, or reserved before its
+/// deadline (a literal, for `concat!`).
+macro_rules! live {
+    () => {
+        "active AND (expires_at IS NULL OR expires_at > now())"
+    };
+}
+
+/// Seats of the event in a paid order or a reserved one before its deadline: sold, whatever Redis says.
 pub async fn sold_seats(pool: &PgPool, event: EventId) -> Result<Vec<SeatId>, StoreError> {
-    let ids: Vec<i64> = sqlx::query_scalar("SELECT seat_id FROM order_seats WHERE event_id = $1 AND active")
-        .bind(event.0)
-        .fetch_all(pool)
-        .await?;
+    let ids: Vec<i64> =
+        sqlx::query_scalar(concat!("SELECT seat_id FROM order_seats WHERE event_id = $1 AND ", live!()))
+            .bind(event.0)
+            .fetch_all(pool)
+            .await?;
     Ok(ids.into_iter().map(SeatId).collect())
 }
 
-/// How many seats of the event are in an active (reserved or paid) order.
+/// How many seats of the event are sold now (paid, or reserved before the deadline).
 pub async fn sold_count(pool: &PgPool, event: EventId) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM order_seats WHERE event_id = $1 AND active")
+    Ok(sqlx::query_scalar(concat!("SELECT count(*) FROM order_seats WHERE event_id = $1 AND ", live!()))
         .bind(event.0)
         .fetch_one(pool)
         .await?)

@@ -15,6 +15,8 @@ use uuid::Uuid;
 
 pub const KEYS: &str = "test1:integration-test-admission-secret-0001";
 pub const OTHER_KEYS: &str = "test1:some-other-secret-that-nobody-trusts-02";
+pub const WEBHOOK_SECRET: &str = "whsec-integration-test-0001";
+pub const ADMIN_TOKEN: &str = "admin-integration-test-token-0001";
 
 /// A response, read whole.
 #[derive(Debug)]
@@ -41,8 +43,11 @@ pub struct TestApp {
     pub prefix: String,
     pub event: i64,
     pub ring: Keyring,
+    /// Base URL of this app's fake payment provider (a real HTTP server of its own).
+    pub provider: String,
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    provider_server: tokio::task::JoinHandle<()>,
 }
 
 fn redis_url() -> String {
@@ -67,6 +72,15 @@ impl TestApp {
         .expect("seed");
         let prefix = format!("test-{}:", Uuid::new_v4().simple());
         let url = redis_url();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let provider_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let provider = format!("http://{}", provider_listener.local_addr().expect("addr"));
+        let provider_server = tokio::spawn(async move {
+            let app = booking::provider::router(WEBHOOK_SECRET.as_bytes(), 3);
+            let _ = axum::serve(provider_listener, app).await;
+        });
+        let webhook_url = format!("{base}/webhooks/payments");
         let mut args = vec![
             "booking",
             "serve",
@@ -80,6 +94,14 @@ impl TestApp {
             &prefix,
             "--admission-keys",
             KEYS,
+            "--payment-webhook-secret",
+            WEBHOOK_SECRET,
+            "--payment-provider-url",
+            &provider,
+            "--payment-webhook-url",
+            &webhook_url,
+            "--admin-token",
+            ADMIN_TOKEN,
         ];
         // Tests read the seat map right after changing it: no caching unless a test asks for it.
         if !extra.contains(&"--seat-map-cache-ms") {
@@ -90,8 +112,6 @@ impl TestApp {
             unreachable!("serve was asked for")
         };
         let state = AppState::build(&cfg, pool.clone()).await.expect("state");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
         let (tx, rx) = oneshot::channel::<()>();
         let server = tokio::spawn(http::serve(listener, state, async {
             let _ = rx.await;
@@ -109,8 +129,10 @@ impl TestApp {
             prefix,
             event: seeded.event_id,
             ring: Keyring::parse(KEYS).expect("keys"),
+            provider,
             shutdown: Some(tx),
             server: Some(server),
+            provider_server,
         }
     }
 
@@ -122,6 +144,7 @@ impl TestApp {
         if let Some(server) = self.server.take() {
             server.await.expect("server task").expect("server");
         }
+        self.provider_server.abort();
         self.forget_redis().await;
     }
 
@@ -230,6 +253,116 @@ impl TestApp {
         self.send(req).await
     }
 
+    /// Holds `seats` for `account` and checks the hold out: the new order's id and hold token.
+    pub async fn reserve(&self, account: &str, seats: &[i64]) -> (String, String) {
+        let hold = self.hold(account, seats).await;
+        assert_eq!(hold.status, 201, "hold: {}", hold.body);
+        let token = hold.str("hold_token");
+        let order = self.checkout(account, &token, &format!("key-{token}")).await;
+        assert_eq!(order.status, 201, "checkout: {}", order.body);
+        (order.str("order_id"), token)
+    }
+
+    pub async fn order(&self, account: &str, order_id: &str) -> Resp {
+        let url = self.url(&format!("/events/{}/orders/{order_id}", self.event));
+        self.send(self.client.get(url).bearer_auth(self.proof(account))).await
+    }
+
+    pub async fn start_payment(&self, account: &str, order_id: &str) -> Resp {
+        let url = self.url(&format!("/events/{}/orders/{order_id}/payment", self.event));
+        self.send(self.client.post(url).bearer_auth(self.proof(account))).await
+    }
+
+    pub async fn extend_order(&self, account: &str, order_id: &str) -> Resp {
+        let url = self.url(&format!("/events/{}/orders/{order_id}/extend", self.event));
+        self.send(self.client.post(url).bearer_auth(self.proof(account))).await
+    }
+
+    /// The provider's event body for `order_id`, priced as the order is.
+    pub async fn payment_event(&self, event_id: &str, kind: &str, order_id: &str) -> Vec<u8> {
+        let (total, currency): (i64, String) =
+            sqlx::query_as("SELECT total_cents, currency::text FROM orders WHERE id = $1::uuid")
+                .bind(order_id)
+                .fetch_one(&self.pool)
+                .await
+                .expect("order");
+        serde_json::to_vec(&json!({
+            "id": event_id, "type": kind, "created": unix_now(),
+            "data": {"payment_id": "pay_test", "order_id": order_id, "amount_cents": total, "currency": currency},
+        }))
+        .expect("json")
+    }
+
+    /// Delivers a webhook body signed with the shared secret, as the provider does.
+    pub async fn deliver(&self, body: Vec<u8>) -> Resp {
+        let t = i64::try_from(unix_now()).expect("time");
+        let sig = booking::provider::signature::sign(WEBHOOK_SECRET.as_bytes(), t, &body);
+        self.deliver_signed(body, Some(sig)).await
+    }
+
+    pub async fn deliver_signed(&self, body: Vec<u8>, signature: Option<String>) -> Resp {
+        let mut req = self.client.post(self.url("/webhooks/payments")).header("content-type", "application/json");
+        if let Some(sig) = signature {
+            req = req.header("Payment-Signature", sig);
+        }
+        self.send(req.body(body)).await
+    }
+
+    /// A signed `payment.<kind>` event for the order, with a fresh event id.
+    pub async fn pay(&self, order_id: &str, kind: &str) -> Resp {
+        let body = self.payment_event(&format!("evt_{}", Uuid::new_v4().simple()), kind, order_id).await;
+        self.deliver(body).await
+    }
+
+    pub async fn admin(&self, method: reqwest::Method, path: &str) -> Resp {
+        self.send(self.client.request(method, self.url(path)).bearer_auth(ADMIN_TOKEN)).await
+    }
+
+    /// What the passage of time past an order's payment deadline does: the deadline is behind us in
+    /// Postgres, and the order's Redis markers lapse (as their expiry at the deadline makes them).
+    pub async fn pass_deadline(&mut self, order_id: &str) {
+        let (token, account, seats): (Uuid, String, Vec<i64>) = sqlx::query_as(
+            "UPDATE orders SET payment_due_at = now() - interval '1 second'
+             WHERE id = $1::uuid
+             RETURNING hold_token, account_id, array(SELECT seat_id FROM order_seats WHERE order_id = $1::uuid)",
+        )
+        .bind(order_id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("backdate order");
+        sqlx::query("UPDATE order_seats SET expires_at = now() - interval '1 second' WHERE order_id = $1::uuid AND expires_at IS NOT NULL")
+            .bind(order_id)
+            .execute(&self.pool)
+            .await
+            .expect("backdate seats");
+        let marker = format!("sold:{token}");
+        for seat in &seats {
+            if self.seat_value(*seat).await.as_deref() == Some(marker.as_str()) {
+                let key = format!("{}hold:{{ev{}}}:seat:{seat}", self.prefix, self.event);
+                let _: () = self.redis.del(key).await.expect("DEL");
+            }
+        }
+        let account_key = format!("{}hold:{{ev{}}}:account:{account}", self.prefix, self.event);
+        let member = format!("{token}:{}", seats.len());
+        let _: () = redis::cmd("ZADD")
+            .arg(&account_key)
+            .arg("XX")
+            .arg(1)
+            .arg(member)
+            .query_async(&mut self.redis)
+            .await
+            .expect("ZADD");
+    }
+
+    /// Every outbox row's kind for an order, oldest first.
+    pub async fn order_events(&self, order_id: &str) -> Vec<String> {
+        sqlx::query_scalar("SELECT kind FROM order_events WHERE order_id = $1::uuid ORDER BY id")
+            .bind(order_id)
+            .fetch_all(&self.pool)
+            .await
+            .expect("events")
+    }
+
     /// Active order rows holding `seat` for this event.
     pub async fn active_orders_for_seat(&self, seat: i64) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM order_seats WHERE event_id = $1 AND seat_id = $2 AND active")
@@ -281,6 +414,20 @@ impl TestApp {
         .await
         .expect("empty orders");
         assert!(empty.is_empty(), "orders without seats: {empty:?}");
+    }
+}
+
+/// Waits (bounded) until `check` holds; says whether it did.
+pub async fn eventually(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 

@@ -61,7 +61,11 @@ async fn when_redis_forgets_a_sale_the_database_still_refuses_a_second_one(pool:
     let seat = app.seats_on_sale().await[5];
     let a = app.hold("fan-a", &[seat]).await;
     assert_eq!(app.checkout("fan-a", &a.str("hold_token"), "a").await.status, 201);
-    assert_eq!(app.seat_value(seat).await.as_deref(), Some("sold"), "the sale is marked in Redis");
+    assert_eq!(
+        app.seat_value(seat).await.as_deref(),
+        Some(format!("sold:{}", a.str("hold_token")).as_str()),
+        "the sale is marked in Redis"
+    );
 
     // Redis loses everything (flush, restart without persistence, failover to a stale replica).
     app.forget_redis().await;

@@ -5,4 +5,7 @@ mod app;
 mod bad_input;
 mod checkout;
 mod holds;
+mod lifecycle;
+mod lifecycle_model;
 mod ops;
+mod outbox;

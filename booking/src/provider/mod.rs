@@ -1,0 +1,259 @@
+//! A small fake payment provider, so the payment step is real HTTP end to end: booking creates a payment here,
+//! the fan "pays" (`POST /v1/payments/{id}/complete`), and the provider calls booking back with a signed
+//! webhook, retrying on failure like a real one. Payments live in memory; `booking provider` serves it.
+//!
+//! Also the client booking uses to talk to it ([`Client`]).
+
+pub mod signature;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use uuid::Uuid;
+
+/// A payment as the provider keeps and shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Payment {
+    pub payment_id: String,
+    pub order_id: Uuid,
+    pub amount_cents: i64,
+    pub currency: String,
+    /// `pending`, `succeeded` or `failed`.
+    pub status: String,
+    #[serde(skip_serializing, default)]
+    pub webhook_url: String,
+}
+
+/// What booking asks for.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NewPayment {
+    pub order_id: Uuid,
+    pub amount_cents: i64,
+    pub currency: String,
+    /// Where the provider posts the signed events of this payment.
+    pub webhook_url: String,
+}
+
+/// The body of a webhook delivery.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WebhookEvent {
+    /// Unique per event; a redelivery carries the same id.
+    pub id: String,
+    /// `payment.succeeded` or `payment.failed`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Unix seconds.
+    pub created: i64,
+    pub data: WebhookData,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WebhookData {
+    pub payment_id: String,
+    pub order_id: Uuid,
+    pub amount_cents: i64,
+    pub currency: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Complete {
+    /// `succeeded` or `failed`.
+    outcome: String,
+}
+
+#[derive(Clone)]
+struct Provider {
+    payments: Arc<Mutex<HashMap<String, Payment>>>,
+    /// The last event of each payment, for redelivery.
+    events: Arc<Mutex<HashMap<String, WebhookEvent>>>,
+    secret: Arc<[u8]>,
+    http: reqwest::Client,
+    attempts: u32,
+}
+
+/// The provider's routes. `secret` signs webhooks; `attempts` bounds deliveries of one event.
+pub fn router(secret: &[u8], attempts: u32) -> Router {
+    let provider = Provider {
+        payments: Arc::default(),
+        events: Arc::default(),
+        secret: secret.into(),
+        http: reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap_or_default(),
+        attempts: attempts.max(1),
+    };
+    Router::new()
+        .route("/v1/payments", post(create))
+        .route("/v1/payments/{id}", get(show))
+        .route("/v1/payments/{id}/complete", post(complete))
+        .route("/v1/payments/{id}/redeliver", post(redeliver))
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .with_state(provider)
+}
+
+fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
+    (status, Json(json!({"error": code, "message": message}))).into_response()
+}
+
+/// Creates the order's payment, or returns the one it has (one payment per order).
+async fn create(State(p): State<Provider>, Json(new): Json<NewPayment>) -> Response {
+    if new.amount_cents < 0 || new.currency.len() != 3 || !new.webhook_url.starts_with("http") {
+        return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_payment",
+            "amount, currency or webhook_url is invalid",
+        );
+    }
+    let mut payments = p.payments.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(existing) = payments.values().find(|pay| pay.order_id == new.order_id) {
+        return (StatusCode::OK, Json(existing.clone())).into_response();
+    }
+    let payment = Payment {
+        payment_id: format!("pay_{}", Uuid::new_v4().simple()),
+        order_id: new.order_id,
+        amount_cents: new.amount_cents,
+        currency: new.currency,
+        status: "pending".into(),
+        webhook_url: new.webhook_url,
+    };
+    payments.insert(payment.payment_id.clone(), payment.clone());
+    (StatusCode::CREATED, Json(payment)).into_response()
+}
+
+async fn show(State(p): State<Provider>, Path(id): Path<String>) -> Response {
+    match p.payments.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+        Some(pay) => Json(pay.clone()).into_response(),
+        None => refuse(StatusCode::NOT_FOUND, "unknown_payment", "no such payment"),
+    }
+}
+
+/// The fan's card page, reduced to its outcome: settles the payment and delivers the signed event.
+async fn complete(State(p): State<Provider>, Path(id): Path<String>, Json(c): Json<Complete>) -> Response {
+    if c.outcome != "succeeded" && c.outcome != "failed" {
+        return refuse(StatusCode::UNPROCESSABLE_ENTITY, "invalid_outcome", "outcome is `succeeded` or `failed`");
+    }
+    let payment = {
+        let mut payments = p.payments.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(pay) = payments.get_mut(&id) else {
+            return refuse(StatusCode::NOT_FOUND, "unknown_payment", "no such payment");
+        };
+        pay.status = c.outcome.clone();
+        pay.clone()
+    };
+    let event = WebhookEvent {
+        id: format!("evt_{}", Uuid::new_v4().simple()),
+        kind: format!("payment.{}", c.outcome),
+        created: unix_now(),
+        data: WebhookData {
+            payment_id: payment.payment_id.clone(),
+            order_id: payment.order_id,
+            amount_cents: payment.amount_cents,
+            currency: payment.currency.clone(),
+        },
+    };
+    p.events.lock().unwrap_or_else(|e| e.into_inner()).insert(id, event.clone());
+    deliver(&p, &payment.webhook_url, &event).await
+}
+
+/// Sends the payment's last event again, with the same id.
+async fn redeliver(State(p): State<Provider>, Path(id): Path<String>) -> Response {
+    let found = {
+        let events = p.events.lock().unwrap_or_else(|e| e.into_inner());
+        let payments = p.payments.lock().unwrap_or_else(|e| e.into_inner());
+        events.get(&id).cloned().zip(payments.get(&id).map(|pay| pay.webhook_url.clone()))
+    };
+    match found {
+        Some((event, url)) => deliver(&p, &url, &event).await,
+        None => refuse(StatusCode::NOT_FOUND, "no_event", "this payment has no event to redeliver"),
+    }
+}
+
+/// Posts the event until the receiver answers 2xx or 4xx (a refusal retrying cannot fix), at most
+/// `attempts` times with doubling pauses; says how it went.
+async fn deliver(p: &Provider, url: &str, event: &WebhookEvent) -> Response {
+    let body = match serde_json::to_vec(event) {
+        Ok(b) => b,
+        Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, "encode", &e.to_string()),
+    };
+    let mut pause = Duration::from_millis(100);
+    let mut last = json!(null);
+    for attempt in 1..=p.attempts {
+        let sent = p
+            .http
+            .post(url)
+            .header("content-type", "application/json")
+            .header(signature::HEADER, signature::sign(&p.secret, unix_now(), &body))
+            .body(body.clone())
+            .send()
+            .await;
+        match sent {
+            Ok(res) if res.status().is_success() || res.status().is_client_error() => {
+                let status = res.status().as_u16();
+                let answer: serde_json::Value = res.json().await.unwrap_or(json!(null));
+                return Json(json!({
+                    "event_id": event.id, "type": event.kind, "delivered": status < 300,
+                    "attempts": attempt, "webhook_status": status, "webhook_answer": answer,
+                }))
+                .into_response();
+            }
+            Ok(res) => last = json!(res.status().as_u16()),
+            Err(e) => last = json!(e.to_string()),
+        }
+        if attempt < p.attempts {
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+        }
+    }
+    Json(json!({"event_id": event.id, "type": event.kind, "delivered": false, "attempts": p.attempts, "last_error": last}))
+        .into_response()
+}
+
+fn unix_now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// Why the provider could not create a payment.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("the payment provider did not answer: {0}")]
+    Unreachable(#[from] reqwest::Error),
+    #[error("the payment provider refused: {status} {body}")]
+    Refused { status: u16, body: String },
+}
+
+/// Booking's client of the provider.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: &str, timeout: Duration) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::builder().timeout(timeout).build().unwrap_or_default(),
+        }
+    }
+
+    /// Creates the order's payment (or gets the one it has).
+    pub async fn create_payment(&self, new: &NewPayment) -> Result<Payment, ProviderError> {
+        let res = self.http.post(format!("{}/v1/payments", self.base)).json(new).send().await?;
+        if !res.status().is_success() {
+            let status = res.status().as_u16();
+            return Err(ProviderError::Refused { status, body: res.text().await.unwrap_or_default() });
+        }
+        Ok(res.json().await?)
+    }
+
+    /// Where the fan completes a payment.
+    pub fn pay_url(&self, payment_id: &str) -> String {
+        format!("{}/v1/payments/{payment_id}/complete", self.base)
+    }
+}

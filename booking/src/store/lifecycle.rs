@@ -1,0 +1,432 @@
+//! Postgres: an order's life after checkout. Every change runs in one transaction that locks the order row,
+//! decides with [`crate::domain::order::decide`], and writes the change and its outbox row together
+//! (`transition_order` in migrations/20261202000004_order_lifecycle.sql).
+//!
+//! Invariant: an order's seats are sold exactly while it is paid, or reserved before its deadline; a seat row is
+//! `active` only then (or until a sweep or a new checkout notices the deadline passed, which the `expires_at`
+//! condition already accounts for).
+
+use sqlx::{PgPool, Postgres, Row, Transaction};
+use time::OffsetDateTime;
+
+use super::StoreError;
+use crate::domain::order::{self, CancelReason, Command, Decision, Status};
+use crate::domain::{EventId, HoldToken, OrderId, SeatId};
+
+/// An order as stored, with what decisions need.
+#[derive(Debug, Clone)]
+pub struct OrderRow {
+    pub id: OrderId,
+    pub event: EventId,
+    pub account: String,
+    pub status: Status,
+    pub reason: Option<CancelReason>,
+    pub hold: HoldToken,
+    /// (seat, price), by seat id.
+    pub seats: Vec<(SeatId, i64)>,
+    pub total_cents: i64,
+    pub currency: String,
+    pub payment_due_at: OffsetDateTime,
+    pub payment_id: Option<String>,
+    pub deadline_passed: bool,
+    pub created_at: OffsetDateTime,
+    pub paid_at: Option<OffsetDateTime>,
+}
+
+impl OrderRow {
+    pub fn state(&self) -> order::Order {
+        order::Order { status: self.status, reason: self.reason, deadline_passed: self.deadline_passed }
+    }
+
+    pub fn seat_ids(&self) -> Vec<SeatId> {
+        self.seats.iter().map(|s| s.0).collect()
+    }
+}
+
+/// What the change did to the order's seats, for the caller's follow-up in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeatsEffect {
+    /// Nothing changed for the seats.
+    None,
+    /// The seats went back on sale.
+    Released,
+    /// The order is paid and its seats are its own for good.
+    Paid,
+    /// The payment deadline moved.
+    Extended,
+}
+
+/// How a command ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The order changed; `order` is how it is now.
+    Changed {
+        order: OrderRow,
+        from: Status,
+        effect: SeatsEffect,
+    },
+    /// Nothing to do (a redelivery, a stale message); `order` as it is.
+    Unchanged(OrderRow),
+    /// This payment event was applied before; what it did then.
+    Duplicate {
+        order: OrderRow,
+        outcome: String,
+    },
+    /// Not allowed in the order's state: the code of the 409.
+    Refused {
+        order: OrderRow,
+        code: &'static str,
+    },
+    NotFound,
+}
+
+/// Who may touch the order: a fan only their own order of the event in the path; an operator or the payment
+/// provider any order.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    Fan { event: EventId, account: &'a str },
+    Any,
+}
+
+/// A payment webhook delivery, applied at most once by its id.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery<'a> {
+    pub id: &'a str,
+    pub kind: &'a str,
+}
+
+/// Limits of a payment-window extension.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// A new deadline is now + this…
+    pub seconds: u32,
+    /// …but never later than the order's creation + this.
+    pub max_seconds: u32,
+}
+
+const ORDER_COLUMNS: &str = "o.id, o.event_id, o.account_id, o.status, o.cancel_reason, o.hold_token, o.total_cents,
+    o.currency::text AS currency, o.payment_due_at, o.payment_id, o.payment_due_at <= now() AS deadline_passed,
+    o.created_at, o.paid_at,
+    array(SELECT os.seat_id FROM order_seats os WHERE os.order_id = o.id ORDER BY os.seat_id) AS seat_ids,
+    array(SELECT os.price_cents FROM order_seats os WHERE os.order_id = o.id ORDER BY os.seat_id) AS prices";
+
+async fn load<'e>(exec: impl sqlx::PgExecutor<'e>, id: OrderId, lock: bool) -> Result<Option<OrderRow>, StoreError> {
+    let sql = format!("SELECT {ORDER_COLUMNS} FROM orders o WHERE o.id = $1{}", if lock { " FOR UPDATE" } else { "" });
+    let Some(r) = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.0).fetch_optional(exec).await? else { return Ok(None) };
+    let status: String = r.try_get("status")?;
+    let reason: Option<String> = r.try_get("cancel_reason")?;
+    let seat_ids: Vec<i64> = r.try_get("seat_ids")?;
+    let prices: Vec<i64> = r.try_get("prices")?;
+    Ok(Some(OrderRow {
+        id,
+        event: EventId(r.try_get("event_id")?),
+        account: r.try_get("account_id")?,
+        status: Status::parse(&status).ok_or_else(|| StoreError::Unexpected(format!("order status {status:?}")))?,
+        reason: reason.as_deref().and_then(CancelReason::parse),
+        hold: HoldToken(r.try_get("hold_token")?),
+        seats: seat_ids.into_iter().map(SeatId).zip(prices).collect(),
+        total_cents: r.try_get("total_cents")?,
+        currency: r.try_get("currency")?,
+        payment_due_at: r.try_get("payment_due_at")?,
+        payment_id: r.try_get("payment_id")?,
+        deadline_passed: r.try_get("deadline_passed")?,
+        created_at: r.try_get("created_at")?,
+        paid_at: r.try_get("paid_at")?,
+    }))
+}
+
+fn in_scope(order: &OrderRow, scope: Scope<'_>) -> bool {
+    match scope {
+        Scope::Fan { event, account } => order.event == event && order.account == account,
+        Scope::Any => true,
+    }
+}
+
+/// Reads an order (no lock); `None` if it does not exist or is not in `scope`.
+pub async fn get(pool: &PgPool, id: OrderId, scope: Scope<'_>) -> Result<Option<OrderRow>, StoreError> {
+    Ok(load(pool, id, false).await?.filter(|o| in_scope(o, scope)))
+}
+
+/// Applies `command` to the order in one transaction. A `delivery` is recorded with it, and a delivery seen
+/// before changes nothing (`Outcome::Duplicate`).
+pub async fn apply(
+    pool: &PgPool,
+    id: OrderId,
+    scope: Scope<'_>,
+    command: Command,
+    delivery: Option<Delivery<'_>>,
+    window: Window,
+) -> Result<Outcome, StoreError> {
+    let mut tx = pool.begin().await?;
+    let Some(before) = load(&mut *tx, id, true).await?.filter(|o| in_scope(o, scope)) else {
+        return Ok(Outcome::NotFound);
+    };
+    if let Some(d) = delivery {
+        let fresh = sqlx::query(
+            "INSERT INTO payment_events (id, order_id, kind, outcome) VALUES ($1, $2, $3, 'pending')
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(d.id)
+        .bind(id.0)
+        .bind(d.kind)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !fresh {
+            let outcome: String = sqlx::query_scalar("SELECT outcome FROM payment_events WHERE id = $1")
+                .bind(d.id)
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.rollback().await?;
+            return Ok(Outcome::Duplicate { order: before, outcome });
+        }
+    }
+    let from = before.status;
+    let (to, effect) = match order::decide(before.state(), command) {
+        Decision::Refuse(code) => {
+            tx.rollback().await?;
+            return Ok(Outcome::Refused { order: before, code });
+        }
+        Decision::Ignore => {
+            record_delivery(&mut tx, delivery, "ignored").await?;
+            tx.commit().await?;
+            return Ok(Outcome::Unchanged(before));
+        }
+        Decision::Move { to, reason } => {
+            transition(&mut tx, id, from, to, reason).await?;
+            let effect = if to == Status::Paid {
+                SeatsEffect::Paid
+            } else if from.takes_seats() && !to.takes_seats() {
+                SeatsEffect::Released
+            } else {
+                SeatsEffect::None
+            };
+            (to, effect)
+        }
+        Decision::Reclaim => {
+            if reclaim(&mut tx, &before).await? {
+                transition(&mut tx, id, from, Status::Paid, None).await?;
+                (Status::Paid, SeatsEffect::Paid)
+            } else {
+                transition(&mut tx, id, from, Status::RefundDue, None).await?;
+                (Status::RefundDue, SeatsEffect::None)
+            }
+        }
+        Decision::Extend => {
+            if !extend(&mut tx, id, window).await? {
+                tx.rollback().await?;
+                return Ok(Outcome::Refused { order: before, code: "payment_window_at_cap" });
+            }
+            (from, SeatsEffect::Extended)
+        }
+    };
+    record_delivery(&mut tx, delivery, to.as_str()).await?;
+    let order = load(&mut *tx, id, false).await?.ok_or_else(|| StoreError::Unexpected("order vanished".into()))?;
+    tx.commit().await?;
+    Ok(Outcome::Changed { order, from, effect })
+}
+
+async fn record_delivery(
+    tx: &mut Transaction<'_, Postgres>,
+    delivery: Option<Delivery<'_>>,
+    outcome: &str,
+) -> Result<(), StoreError> {
+    if let Some(d) = delivery {
+        sqlx::query("UPDATE payment_events SET outcome = $2 WHERE id = $1")
+            .bind(d.id)
+            .bind(outcome)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+async fn transition(
+    tx: &mut Transaction<'_, Postgres>,
+    id: OrderId,
+    from: Status,
+    to: Status,
+    reason: Option<CancelReason>,
+) -> Result<(), StoreError> {
+    let moved: bool = sqlx::query_scalar("SELECT transition_order($1, $2, $3, $4, $5)")
+        .bind(id.0)
+        .bind(from.as_str())
+        .bind(to.as_str())
+        .bind(reason.map(CancelReason::as_str))
+        .bind(format!("order.{}", to.as_str()))
+        .fetch_one(&mut **tx)
+        .await?;
+    // The row is locked by this transaction, so it cannot have moved under us.
+    if !moved {
+        return Err(StoreError::Unexpected(format!("order {id} was not {from:?} under its own lock")));
+    }
+    Ok(())
+}
+
+/// A payment for a cancelled order: takes its seats back if every one is still free (freeing those held only
+/// by orders whose deadline passed). Returns false, writing nothing, if any seat was sold meanwhile.
+async fn reclaim(tx: &mut Transaction<'_, Postgres>, order: &OrderRow) -> Result<bool, StoreError> {
+    let ids: Vec<i64> = order.seats.iter().map(|s| s.0.0).collect();
+    // A savepoint: a unique violation (a seat sold to another order) undoes only this attempt.
+    sqlx::query("SAVEPOINT reclaim").execute(&mut **tx).await?;
+    let taken = async {
+        // An order still stored as reserved keeps its rows active: nobody else can hold its seats, and freeing
+        // stale orders would free this one too.
+        if order.status != Status::Reserved {
+            sqlx::query("SELECT expire_stale_orders_on($1, $2)")
+                .bind(order.event.0)
+                .bind(&ids)
+                .execute(&mut **tx)
+                .await?;
+        }
+        sqlx::query("UPDATE order_seats SET active = true, expires_at = NULL WHERE order_id = $1")
+            .bind(order.id.0)
+            .execute(&mut **tx)
+            .await
+    }
+    .await;
+    match taken {
+        Ok(_) => {
+            sqlx::query("RELEASE SAVEPOINT reclaim").execute(&mut **tx).await?;
+            Ok(true)
+        }
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23505") => {
+            sqlx::query("ROLLBACK TO SAVEPOINT reclaim").execute(&mut **tx).await?;
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Pushes a reserved order's deadline to now + window, capped at creation + max. False when already at the cap.
+async fn extend(tx: &mut Transaction<'_, Postgres>, id: OrderId, window: Window) -> Result<bool, StoreError> {
+    let extended = sqlx::query(
+        "WITH due AS (
+             SELECT LEAST(now() + make_interval(secs => $2), created_at + make_interval(secs => $3)) AS at
+             FROM orders WHERE id = $1)
+         UPDATE orders o SET payment_due_at = due.at, updated_at = now()
+         FROM due WHERE o.id = $1 AND due.at > o.payment_due_at",
+    )
+    .bind(id.0)
+    .bind(f64::from(window.seconds))
+    .bind(f64::from(window.max_seconds))
+    .execute(&mut **tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if extended {
+        sqlx::query(
+            "UPDATE order_seats os SET expires_at = o.payment_due_at FROM orders o
+             WHERE o.id = $1 AND os.order_id = o.id",
+        )
+        .bind(id.0)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO order_events (order_id, event_id, kind, from_status, to_status, data)
+             SELECT id, event_id, 'order.extended', status, status, order_snapshot(id) FROM orders WHERE id = $1",
+        )
+        .bind(id.0)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(extended)
+}
+
+/// Records the provider's payment for the order (one per order). Returns the payment id the order has now.
+pub async fn attach_payment(pool: &PgPool, id: OrderId, payment_id: &str) -> Result<Option<String>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "UPDATE orders SET payment_id = coalesce(payment_id, $2), updated_at = now() WHERE id = $1 RETURNING payment_id",
+    )
+    .bind(id.0)
+    .bind(payment_id)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Cancels up to `batch` reserved orders whose deadline passed, skipping rows another sweeper (or a payment)
+/// has locked. Returns how many this call cancelled. Safe with any number of sweepers at once.
+pub async fn sweep(pool: &PgPool, batch: i64) -> Result<u64, StoreError> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE expire_order(id)) FROM (
+             SELECT id FROM orders WHERE status = 'reserved' AND payment_due_at <= now()
+             ORDER BY payment_due_at LIMIT $1 FOR UPDATE SKIP LOCKED) due",
+    )
+    .bind(batch)
+    .fetch_one(pool)
+    .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// One entry of an order's history (its outbox rows).
+#[derive(Debug, Clone)]
+pub struct HistoryEntry {
+    pub id: i64,
+    pub kind: String,
+    pub from: Option<String>,
+    pub to: String,
+    pub at: OffsetDateTime,
+    pub published: bool,
+}
+
+/// An order's history, oldest first.
+pub async fn history(pool: &PgPool, id: OrderId) -> Result<Vec<HistoryEntry>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT id, kind, from_status, to_status, created_at, published_at IS NOT NULL AS published
+         FROM order_events WHERE order_id = $1 ORDER BY id",
+    )
+    .bind(id.0)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(HistoryEntry {
+                id: r.try_get("id")?,
+                kind: r.try_get("kind")?,
+                from: r.try_get("from_status")?,
+                to: r.try_get("to_status")?,
+                at: r.try_get("created_at")?,
+                published: r.try_get("published")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Into::into)
+}
+
+/// Orders of an event in one effective status.
+#[derive(Debug, Clone)]
+pub struct StatusCount {
+    pub status: Status,
+    pub orders: i64,
+    pub seats: i64,
+    pub total_cents: i64,
+}
+
+/// Per-status counts of the event's orders, by effective status (a reserved order past its deadline counts as
+/// cancelled).
+pub async fn counts(pool: &PgPool, event: EventId) -> Result<Vec<StatusCount>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT CASE WHEN o.status = 'reserved' AND o.payment_due_at <= now() THEN 'cancelled' ELSE o.status END
+                    AS status,
+                count(*) AS orders, coalesce(sum(s.n), 0)::bigint AS seats,
+                coalesce(sum(o.total_cents), 0)::bigint AS total_cents
+         FROM orders o CROSS JOIN LATERAL (SELECT count(*) AS n FROM order_seats os WHERE os.order_id = o.id) s
+         WHERE o.event_id = $1 GROUP BY 1 ORDER BY 1",
+    )
+    .bind(event.0)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            let status: String = r.try_get("status")?;
+            Ok(StatusCount {
+                status: Status::parse(&status)
+                    .ok_or_else(|| StoreError::Unexpected(format!("order status {status:?}")))?,
+                orders: r.try_get("orders")?,
+                seats: r.try_get("seats")?,
+                total_cents: r.try_get("total_cents")?,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,354 @@
+//! The order lifecycle: payment webhooks (storms, out of order, late), the sweeper, operators' refunds and
+//! cancellations, resale, and payment-window extension.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::future::join_all;
+use redis::AsyncCommands;
+use reqwest::Method;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::app::TestApp;
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_webhook_storm_with_a_failure_out_of_order_makes_one_paid_transition(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let (order, token) = app.reserve("fan-a", &seats[..2]).await;
+    let ok = app.payment_event("evt_ok", "payment.succeeded", &order).await;
+    // An earlier attempt that failed, delivered late, in the same storm.
+    let failed = app.payment_event("evt_failed_first_attempt", "payment.failed", &order).await;
+    let mut bodies = vec![ok.clone(); 5];
+    bodies.push(failed.clone());
+    bodies.push(failed);
+    let answers = join_all(bodies.into_iter().map(|b| app.deliver(b))).await;
+    assert!(answers.iter().all(|r| r.status == 200), "{:?}", answers.iter().map(|r| &r.body).collect::<Vec<_>>());
+    let fresh_ok: Vec<_> = answers[..5].iter().filter(|r| r.body["duplicate"] == false).collect();
+    assert_eq!(fresh_ok.len(), 1, "one delivery of evt_ok applies, four are duplicates");
+    assert!(answers[..5].iter().all(|r| r.body["outcome"] == "paid"), "duplicates say what it did");
+
+    let now = app.order("fan-a", &order).await;
+    assert_eq!(now.str("status"), "paid", "{}", now.body);
+    let events = app.order_events(&order).await;
+    assert_eq!(events.iter().filter(|k| *k == "order.paid").count(), 1, "{events:?}");
+    assert_eq!(events.first().map(String::as_str), Some("order.reserved"));
+    // Whichever came first, the seats are the order's, for good, in both stores.
+    for &seat in &seats[..2] {
+        assert_eq!(app.active_orders_for_seat(seat).await, 1);
+        assert_eq!(app.seat_value(seat).await, Some(format!("sold:{token}")));
+        let key = format!("{}hold:{{ev{}}}:seat:{seat}", app.prefix, app.event);
+        let ttl: i64 = app.redis.pttl(key).await.expect("PTTL");
+        assert_eq!(ttl, -1, "a paid seat's marker never lapses");
+    }
+    let applied: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM payment_events").fetch_one(&app.pool).await.expect("count");
+    assert_eq!(applied, 2, "each event id recorded once");
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_failure_delivered_after_the_success_changes_nothing(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[3];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    assert_eq!(app.pay(&order, "payment.succeeded").await.body["outcome"], "paid");
+    let late = app.pay(&order, "payment.failed").await;
+    assert_eq!((late.status, late.body["outcome"].as_str()), (200, Some("ignored")), "{}", late.body);
+    assert_eq!(app.order("fan-a", &order).await.str("status"), "paid");
+    assert_eq!(app.order_events(&order).await, ["order.reserved", "order.paid"]);
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn bad_signatures_unknown_orders_and_wrong_amounts_are_refused_and_change_nothing(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[0];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    let body = app.payment_event("evt_1", "payment.succeeded", &order).await;
+    let now = i64::try_from(tokens::unix_now()).expect("time");
+    let sign = |secret: &str, t: i64, b: &[u8]| booking::provider::signature::sign(secret.as_bytes(), t, b);
+
+    let cases: Vec<(Vec<u8>, Option<String>, u16, &str)> = vec![
+        (body.clone(), None, 401, "signature_missing"),
+        (body.clone(), Some("v1=abc".into()), 401, "signature_malformed"),
+        (body.clone(), Some(sign("not-the-secret", now, &body)), 401, "signature_mismatch"),
+        (body.clone(), Some(sign(crate::app::WEBHOOK_SECRET, now - 3600, &body)), 401, "signature_stale"),
+        (b"{not json".to_vec(), Some(sign(crate::app::WEBHOOK_SECRET, now, b"{not json")), 422, "invalid_event"),
+    ];
+    for (b, sig, status, code) in cases {
+        let r = app.deliver_signed(b, sig).await;
+        assert_eq!((r.status, r.code()), (status, code), "{}", r.body);
+    }
+    // Signed, but for an order nobody has.
+    let mut nobody: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    nobody["data"]["order_id"] = json!(uuid::Uuid::new_v4());
+    let unknown = app.deliver(serde_json::to_vec(&nobody).expect("json")).await;
+    assert_eq!((unknown.status, unknown.code()), (404, "order_not_found"));
+    // Signed, for the order, with another amount.
+    let mut wrong: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    wrong["data"]["amount_cents"] = json!(1);
+    let r = app.deliver(serde_json::to_vec(&wrong).expect("json")).await;
+    assert_eq!((r.status, r.code()), (422, "amount_mismatch"));
+
+    assert_eq!(app.order("fan-a", &order).await.str("status"), "reserved");
+    let applied: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM payment_events").fetch_one(&app.pool).await.expect("count");
+    assert_eq!(applied, 0);
+    assert_eq!(app.order_events(&order).await, ["order.reserved"]);
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_late_payment_completes_the_order_when_its_seats_are_still_free(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--sweep-interval-ms", "0"]).await;
+    let seats = app.seats_on_sale().await;
+    let (order, token) = app.reserve("fan-a", &seats[..2]).await;
+    app.pass_deadline(&order).await;
+    let seen = app.order("fan-a", &order).await;
+    assert_eq!((seen.str("status"), seen.str("cancel_reason")), ("cancelled".into(), "expired".into()));
+    assert_eq!(booking::store::lifecycle::sweep(&app.pool, 100).await.expect("sweep"), 1);
+
+    let late = app.pay(&order, "payment.succeeded").await;
+    assert_eq!((late.status, late.body["outcome"].as_str()), (200, Some("paid")), "{}", late.body);
+    assert_eq!(app.order("fan-a", &order).await.str("status"), "paid");
+    assert_eq!(app.order_events(&order).await, ["order.reserved", "order.cancelled", "order.paid"]);
+    for &seat in &seats[..2] {
+        assert_eq!(app.active_orders_for_seat(seat).await, 1);
+        assert_eq!(app.seat_value(seat).await, Some(format!("sold:{token}")), "Redis marks the seat sold again");
+    }
+    let refused = app.hold("fan-b", &seats[..1]).await;
+    assert_eq!(refused.status, 409);
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_late_payment_after_the_seats_resold_is_refund_due_never_a_second_sale(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--sweep-interval-ms", "0"]).await;
+    let seats = app.seats_on_sale().await;
+    let (first, _) = app.reserve("fan-a", &seats[..2]).await;
+    app.pass_deadline(&first).await;
+    // No sweeper ran: the deadline alone lets fan-b buy one of the seats.
+    let (second, _) = app.reserve("fan-b", &seats[1..3]).await;
+    assert_eq!(app.order_events(&first).await, ["order.reserved", "order.cancelled"], "freed by the checkout");
+
+    let late = app.pay(&first, "payment.succeeded").await;
+    assert_eq!((late.status, late.body["outcome"].as_str()), (200, Some("refund_due")), "{}", late.body);
+    assert_eq!(app.order("fan-a", &first).await.str("status"), "refund_due");
+    assert_eq!(app.order("fan-b", &second).await.str("status"), "reserved");
+    for &seat in &seats[..3] {
+        let want = i64::from(seat != seats[0]);
+        assert_eq!(app.active_orders_for_seat(seat).await, want, "seat {seat}");
+    }
+    // The operator settles it.
+    let refunded = app.admin(Method::POST, &format!("/admin/orders/{first}/refund")).await;
+    assert_eq!(refunded.status, 200, "{}", refunded.body);
+    assert_eq!(refunded.body["order"]["status"], "refunded");
+    let kinds: Vec<&str> =
+        refunded.body["history"].as_array().expect("history").iter().filter_map(|h| h["kind"].as_str()).collect();
+    assert_eq!(kinds, ["order.reserved", "order.cancelled", "order.refund_due", "order.refunded"]);
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn two_sweepers_at_once_expire_each_order_exactly_once(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--sweep-interval-ms", "0"]).await;
+    let seats = app.seats_on_sale().await;
+    let mut orders = Vec::new();
+    for (i, &seat) in seats.iter().take(24).enumerate() {
+        let (order, _) = app.reserve(&format!("fan-{i}"), &[seat]).await;
+        orders.push(order);
+    }
+    for order in &orders {
+        app.pass_deadline(order).await;
+    }
+    // Two sweepers, each on its own connection, in small batches so they meet on the same rows.
+    let sweeper = |pool: PgPool| async move {
+        let mut total = 0;
+        for _ in 0..50 {
+            let n = booking::store::lifecycle::sweep(&pool, 3).await.expect("sweep");
+            total += n;
+            if n == 0 {
+                break;
+            }
+        }
+        total
+    };
+    let counts = join_all([sweeper(app.pool.clone()), sweeper(app.pool.clone())]).await;
+    assert_eq!(counts.iter().sum::<u64>(), 24, "together they expired every order once: {counts:?}");
+    for order in &orders {
+        assert_eq!(app.order_events(order).await, ["order.reserved", "order.cancelled"], "order {order}");
+    }
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM order_seats WHERE active").fetch_one(&app.pool).await.expect("count");
+    assert_eq!(left, 0);
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_running_sweeper_cancels_an_unpaid_order_past_its_deadline(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--sweep-interval-ms", "100"]).await;
+    let seat = app.seats_on_sale().await[7];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    app.pass_deadline(&order).await;
+    crate::app::eventually(Duration::from_secs(5), async || app.order_events(&order).await.len() >= 2).await;
+    assert_eq!(app.order_events(&order).await, ["order.reserved", "order.cancelled"]);
+    let status: String = sqlx::query_scalar("SELECT status FROM orders WHERE id = $1::uuid")
+        .bind(&order)
+        .fetch_one(&app.pool)
+        .await
+        .expect("status");
+    assert_eq!(status, "cancelled");
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn an_operator_cancels_a_paid_order_and_its_seats_resell(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let (order, _) = app.reserve("fan-a", &seats[10..12]).await;
+    assert_eq!(app.pay(&order, "payment.succeeded").await.body["outcome"], "paid");
+    assert_eq!(app.hold("fan-b", &seats[10..11]).await.status, 409, "sold");
+
+    let cancelled = app.admin(Method::POST, &format!("/admin/orders/{order}/cancel")).await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.body);
+    assert_eq!(cancelled.body["order"]["status"], "refund_due", "a paid order cancelled owes its money back");
+    let again = app.admin(Method::POST, &format!("/admin/orders/{order}/cancel")).await;
+    assert_eq!((again.status, again.code()), (409, "order_not_cancellable"));
+
+    // Resale works: the seats are free in Redis and in Postgres.
+    let (resold, _) = app.reserve("fan-b", &seats[10..12]).await;
+    assert_eq!(app.pay(&resold, "payment.succeeded").await.body["outcome"], "paid");
+    assert_eq!(app.admin(Method::POST, &format!("/admin/orders/{order}/refund")).await.status, 200);
+    let summary = app.admin(Method::GET, &format!("/admin/events/{}/orders", app.event)).await;
+    assert_eq!(summary.status, 200, "{}", summary.body);
+    let by_status: Vec<(String, i64)> = summary.body["by_status"]
+        .as_array()
+        .expect("by_status")
+        .iter()
+        .map(|c| (c["status"].as_str().unwrap_or_default().to_owned(), c["orders"].as_i64().unwrap_or(-1)))
+        .collect();
+    assert_eq!(by_status, [("paid".to_owned(), 1), ("refunded".to_owned(), 1)]);
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn an_operator_cancels_a_reserved_order_and_a_payment_after_that_is_refund_due(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[20];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    let r = app.admin(Method::POST, &format!("/admin/orders/{order}/cancel")).await;
+    assert_eq!(
+        (r.body["order"]["status"].as_str(), r.body["order"]["cancel_reason"].as_str()),
+        (Some("cancelled"), Some("operator"))
+    );
+    assert_eq!(app.hold("fan-b", &[seat]).await.status, 201, "back on sale at once");
+    let late = app.pay(&order, "payment.succeeded").await;
+    assert_eq!(late.body["outcome"], "refund_due", "{}", late.body);
+    assert_eq!(app.active_orders_for_seat(seat).await, 0);
+    let refuse = app.admin(Method::POST, &format!("/admin/orders/{order}/cancel")).await;
+    assert_eq!((refuse.status, refuse.code()), (409, "order_not_cancellable"));
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn operator_routes_need_the_admin_token(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[0];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    let path = format!("/admin/orders/{order}/refund");
+    let none = app.send(app.client.post(app.url(&path))).await;
+    assert_eq!((none.status, none.code()), (401, "admin_token_invalid"));
+    let wrong = app.send(app.client.post(app.url(&path)).bearer_auth("admin-integration-test-token-0002")).await;
+    assert_eq!((wrong.status, wrong.code()), (401, "admin_token_invalid"));
+    // An admission proof is not an operator's token.
+    let fan = app.send(app.client.post(app.url(&path)).bearer_auth(app.proof("fan-a"))).await;
+    assert_eq!(fan.status, 401);
+    let not_paid = app.admin(Method::POST, &path).await;
+    assert_eq!((not_paid.status, not_paid.code()), (409, "order_not_refundable"));
+    assert_eq!(app.admin(Method::GET, "/admin/orders/not-a-uuid").await.code(), "invalid_order_id");
+    assert_eq!(app.order_events(&order).await, ["order.reserved"]);
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn paying_through_the_provider_is_real_http_both_ways(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[30];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    let started = app.start_payment("fan-a", &order).await;
+    assert_eq!(started.status, 201, "{}", started.body);
+    let again = app.start_payment("fan-a", &order).await;
+    assert_eq!(again.str("payment_id"), started.str("payment_id"), "one payment per order");
+    assert_eq!(app.start_payment("fan-b", &order).await.status, 404, "another account's order is not found");
+
+    // The fan pays on the provider's page; the provider calls booking back, signed.
+    let paid = app.send(app.client.post(started.str("pay_url")).json(&json!({"outcome": "succeeded"}))).await;
+    assert_eq!(paid.body["delivered"], true, "{}", paid.body);
+    assert_eq!(paid.body["webhook_answer"]["outcome"], "paid");
+    let seen = app.order("fan-a", &order).await;
+    assert_eq!((seen.str("status"), seen.str("payment_id")), ("paid".into(), started.str("payment_id")));
+    assert!(!seen.str("paid_at").is_empty());
+
+    // The provider redelivers the same event: nothing changes.
+    let url = format!("{}/v1/payments/{}/redeliver", app.provider, started.str("payment_id"));
+    let redelivered = app.send(app.client.post(url)).await;
+    assert_eq!(redelivered.body["webhook_answer"]["duplicate"], true, "{}", redelivered.body);
+    assert_eq!(app.order_events(&order).await, ["order.reserved", "order.paid"]);
+    let late = app.start_payment("fan-a", &order).await;
+    assert_eq!((late.status, late.code()), (409, "order_not_reserved"));
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_payment_window_extends_up_to_its_cap_and_redis_follows(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--payment-window-seconds", "2", "--payment-max-seconds", "3"]).await;
+    let seat = app.seats_on_sale().await[40];
+    let (order, token) = app.reserve("fan-a", &[seat]).await;
+    let key = format!("{}hold:{{ev{}}}:seat:{seat}", app.prefix, app.event);
+    let before: i64 = app.redis.pttl(&key).await.expect("PTTL");
+    assert!((1..=2_100).contains(&before), "the marker lapses with the deadline: {before} ms");
+    let due = app.order("fan-a", &order).await.str("payment_due_at");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    let extended = app.extend_order("fan-a", &order).await;
+    assert_eq!(extended.status, 200, "{}", extended.body);
+    assert!(extended.str("payment_due_at") > due, "{} > {due}", extended.str("payment_due_at"));
+    let after: i64 = app.redis.pttl(&key).await.expect("PTTL");
+    assert!(after > 1_000 && after <= 1_900, "now + 2 s capped at creation + 3 s: {after} ms");
+    assert_eq!(app.seat_value(seat).await, Some(format!("sold:{token}")));
+    let capped = app.extend_order("fan-a", &order).await;
+    assert_eq!((capped.status, capped.code()), (409, "payment_window_at_cap"));
+    assert_eq!(app.extend_order("fan-b", &order).await.status, 404);
+    assert_eq!(app.order_events(&order).await, ["order.reserved", "order.extended"]);
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn an_order_past_its_deadline_frees_its_seats_in_the_map_and_the_count(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--sweep-interval-ms", "0"]).await;
+    let seats = app.seats_on_sale().await;
+    let (order, _) = app.reserve("fan-a", &seats[..3]).await;
+    let sold = |map: &serde_json::Value| -> HashSet<i64> {
+        map["seats"]
+            .as_array()
+            .expect("seats")
+            .iter()
+            .filter(|s| s["status"] == "sold")
+            .filter_map(|s| s["seat_id"].as_i64())
+            .collect()
+    };
+    assert_eq!(sold(&app.seat_map("fan-c").await.body).len(), 3);
+    app.pass_deadline(&order).await;
+    assert!(sold(&app.seat_map("fan-c").await.body).is_empty(), "no sweeper ran, yet the seats are on sale");
+    let availability = app
+        .send(app.client.get(app.url(&format!("/events/{}/availability", app.event))).bearer_auth(app.proof("fan-c")))
+        .await;
+    assert_eq!(availability.body["seats_sold"], 0, "{}", availability.body);
+    app.stop().await;
+}

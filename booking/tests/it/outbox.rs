@@ -1,0 +1,122 @@
+//! The outbox relay: every order event reaches the Redis Stream at least once, under its own id, even when the
+//! relay process dies between publishing and recording that it published.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use reqwest::Method;
+use sqlx::PgPool;
+
+use crate::app::{TestApp, eventually};
+
+/// The test database's URL, for a relay process of its own.
+fn database_url(pool: &PgPool) -> String {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set by deploy/test");
+    let db = pool.connect_options().get_database().expect("database name").to_owned();
+    let (server, _) = base.rsplit_once('/').expect("a URL with a database");
+    format!("{server}/{db}")
+}
+
+fn relay(app: &TestApp, extra: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_booking"))
+        .args(["relay", "--outbox-relay-interval-ms", "20", "--outbox-relay-batch", "4"])
+        .args(extra)
+        .env("DATABASE_URL", database_url(&app.pool))
+        .env("REDIS_URL", std::env::var("REDIS_URL").expect("REDIS_URL"))
+        .env("REDIS_KEY_PREFIX", &app.prefix)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start booking relay")
+}
+
+/// Stream entries as (outbox id, every other field).
+async fn stream(app: &mut TestApp) -> Vec<(i64, Vec<(String, String)>)> {
+    let key = format!("{}outbox:orders", app.prefix);
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg(&key).arg("-").arg("+").query_async(&mut app.redis).await.expect("XRANGE");
+    entries
+        .into_iter()
+        .map(|(_, fields)| {
+            let id = fields.iter().find(|(k, _)| k == "id").and_then(|(_, v)| v.parse().ok()).expect("id field");
+            (id, fields.into_iter().filter(|(k, _)| k != "id").collect())
+        })
+        .collect()
+}
+
+async fn backlog(app: &TestApp) -> i64 {
+    booking::store::outbox::backlog(&app.pool).await.expect("backlog")
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_relay_killed_between_publish_and_commit_loses_nothing(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--outbox-relay-interval-ms", "0", "--sweep-interval-ms", "0"]).await;
+    let seats = app.seats_on_sale().await;
+    for (i, &seat) in seats.iter().take(9).enumerate() {
+        let (order, _) = app.reserve(&format!("fan-{i}"), &[seat]).await;
+        if i % 3 == 0 {
+            assert_eq!(app.pay(&order, "payment.succeeded").await.status, 200);
+        }
+        if i == 0 {
+            assert_eq!(app.admin(Method::POST, &format!("/admin/orders/{order}/refund")).await.status, 200);
+        }
+    }
+    let written: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM order_events ORDER BY id").fetch_all(&app.pool).await.expect("ids");
+    assert_eq!(written.len(), 9 + 3 + 1);
+
+    // Batches of 4: the third batch is on the stream when the process aborts, and is not marked published.
+    let mut crashing = relay(&app, &["--crash-after-publish", "10"]);
+    let status =
+        tokio::time::timeout(Duration::from_secs(20), crashing.wait()).await.expect("relay ends").expect("wait");
+    assert!(!status.success(), "the relay aborted: {status:?}");
+    let after_crash = stream(&mut app).await;
+    assert_eq!(after_crash.len(), 12, "three batches reached the stream");
+    assert_eq!(backlog(&app).await, 13 - 8, "only the first two batches were marked");
+
+    let mut healthy = relay(&app, &[]);
+    assert!(eventually(Duration::from_secs(20), async || backlog(&app).await == 0).await, "the relay caught up");
+    healthy.kill().await.expect("kill");
+
+    let entries = stream(&mut app).await;
+    let mut by_id: HashMap<i64, Vec<Vec<(String, String)>>> = HashMap::new();
+    for (id, fields) in entries {
+        by_id.entry(id).or_default().push(fields);
+    }
+    let mut ids: Vec<i64> = by_id.keys().copied().collect();
+    ids.sort_unstable();
+    assert_eq!(ids, written, "every event was delivered");
+    let duplicated: Vec<i64> = ids.iter().copied().filter(|id| by_id[id].len() > 1).collect();
+    assert_eq!(duplicated.len(), 4, "the crashed batch was published twice: {duplicated:?}");
+    for id in duplicated {
+        let copies = &by_id[&id];
+        assert!(copies.iter().all(|c| c == &copies[0]), "a redelivery carries the same event: {copies:?}");
+    }
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_relay_in_booking_publishes_each_change_with_the_order_as_it_became(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--outbox-relay-interval-ms", "50"]).await;
+    let seat = app.seats_on_sale().await[0];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    assert_eq!(app.pay(&order, "payment.succeeded").await.status, 200);
+    assert!(eventually(Duration::from_secs(10), async || backlog(&app).await == 0).await, "the relay caught up");
+    let entries = stream(&mut app).await;
+    let field = |fields: &[(String, String)], name: &str| {
+        fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap_or_default()
+    };
+    let kinds: Vec<String> = entries.iter().map(|(_, f)| field(f, "kind")).collect();
+    assert_eq!(kinds, ["order.reserved", "order.paid"]);
+    let paid = &entries[1].1;
+    assert_eq!((field(paid, "from"), field(paid, "to")), ("reserved".into(), "paid".into()));
+    assert_eq!(field(paid, "order_id"), order);
+    let data: serde_json::Value = serde_json::from_str(&field(paid, "data")).expect("data is JSON");
+    assert_eq!(data["status"], "paid");
+    assert_eq!(data["account_id"], "fan-a");
+    assert_eq!(data["seat_ids"], serde_json::json!([seat]));
+    app.stop().await;
+}
