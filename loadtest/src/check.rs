@@ -37,6 +37,7 @@ pub async fn run(target: &Target<'_>) -> anyhow::Result<()> {
     let verdicts = vec![
         one_active_order_per_seat(&pool, target.event).await?,
         confirmed_orders_exist(&pool, target.event, &confirmed).await?,
+        paid_orders_paid_once(&pool, target.event, &confirmed).await?,
         totals_match_allocation_prices(&pool, target.event).await?,
         no_held_back_seat_sold(&pool, target.event).await?,
         no_server_errors(&summary),
@@ -84,7 +85,7 @@ async fn one_active_order_per_seat(pool: &PgPool, event: i64) -> anyhow::Result<
 async fn confirmed_orders_exist(pool: &PgPool, event: i64, confirmed: &[Confirmed]) -> anyhow::Result<Verdict> {
     let rows: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(
         "SELECT o.id, o.account_id, o.total_cents, os.seat_id FROM orders o JOIN order_seats os ON os.order_id = o.id
-          WHERE o.event_id = $1 AND os.active",
+          WHERE o.event_id = $1",
     )
     .bind(event)
     .fetch_all(pool)
@@ -109,6 +110,34 @@ async fn confirmed_orders_exist(pool: &PgPool, event: i64, confirmed: &[Confirme
         }
     }
     Ok(Verdict { name: "every order a fan saw confirmed exists, with its seats and total", problems })
+}
+
+/// Every order a fan was told is paid is paid (its seats sold, for good), and no order of the event was paid
+/// more than once (one `order.paid` outbox row at most).
+async fn paid_orders_paid_once(pool: &PgPool, event: i64, confirmed: &[Confirmed]) -> anyhow::Result<Verdict> {
+    let rows: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(
+        "SELECT o.id, o.status,
+                (SELECT count(*) FROM order_events e WHERE e.order_id = o.id AND e.kind = 'order.paid'),
+                (SELECT count(*) FROM order_seats os WHERE os.order_id = o.id AND os.active AND os.expires_at IS NULL)
+           FROM orders o WHERE o.event_id = $1",
+    )
+    .bind(event)
+    .fetch_all(pool)
+    .await?;
+    let by_id: HashMap<String, (String, i64, i64)> =
+        rows.into_iter().map(|(id, status, paid, live)| (id.to_string(), (status, paid, live))).collect();
+    let mut problems: Vec<String> = by_id
+        .iter()
+        .filter(|(_, (_, paid, _))| *paid > 1)
+        .map(|(id, (_, paid, _))| format!("order {id} was paid {paid} times"))
+        .collect();
+    for c in confirmed.iter().filter(|c| c.paid) {
+        match by_id.get(&c.order_id) {
+            Some((status, 1, live)) if status == "paid" && *live as usize == c.seat_ids.len() => {}
+            other => problems.push(format!("order {} was confirmed paid; the database has {other:?}", c.order_id)),
+        }
+    }
+    Ok(Verdict { name: "every order a fan was told is paid is paid, once, with its seats", problems })
 }
 
 async fn totals_match_allocation_prices(pool: &PgPool, event: i64) -> anyhow::Result<Verdict> {

@@ -1,6 +1,8 @@
 //! One fan's journey, as a goose transaction: join the queue, poll at the server's pace until admitted, load
-//! the event and the seat map, hold seats (retrying around the seat a 409 names), and check out with an
-//! Idempotency-Key; some fans close the tab while queued or let their hold expire.
+//! the event and the seat map, hold seats (retrying around the seat a 409 names), check out with an
+//! Idempotency-Key, and pay (booking opens the payment at the provider; the fan completes it there; the
+//! provider calls booking back, signed). Some fans close the tab while queued, let their hold expire, or never
+//! pay (the order lapses at its deadline).
 //!
 //! Every request goes through goose (so its report has each one's latency) and through the run's connection
 //! limit (fans reach the gateway through a CDN that pools connections).
@@ -257,16 +259,53 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
     )
     .await?;
     run.stats.checkout_latency(started.elapsed());
-    if order.status == 201 {
-        let confirmed = Confirmed {
-            order_id: order.str("order_id").unwrap_or_default(),
-            account: fan.account.clone(),
-            seat_ids: seats,
-            total_cents: order.body["total_cents"].as_i64().unwrap_or(-1),
-        };
-        run.stats.confirmed(confirmed, run.started.elapsed());
-    } else {
+    if order.status != 201 {
         Stats::add(&run.stats.checkout_refused);
+        return Ok(());
     }
+    let mut confirmed = Confirmed {
+        order_id: order.str("order_id").unwrap_or_default(),
+        account: fan.account.clone(),
+        seat_ids: seats,
+        total_cents: order.body["total_cents"].as_i64().unwrap_or(-1),
+        paid: false,
+    };
+    run.stats.confirmed(&confirmed, run.started.elapsed());
+    if rand::random::<f64>() < s.abandon_payment {
+        // Never pays: the order lapses at its deadline and its seats go back on sale.
+        Stats::add(&run.stats.unpaid);
+    } else {
+        tokio::time::sleep(think(run)).await;
+        confirmed.paid = pay(user, run, &auth, event, &confirmed.order_id).await?;
+    }
+    run.stats.settled(confirmed);
     Ok(())
+}
+
+/// Opens the order's payment through the gateway, then completes it at the provider, which calls booking back
+/// before it answers. True when booking said the order is paid.
+async fn pay(
+    user: &mut GooseUser,
+    run: &Run,
+    auth: &str,
+    event: i64,
+    order_id: &str,
+) -> Result<bool, Box<TransactionError>> {
+    let started = Instant::now();
+    let path = format!("/events/{event}/orders/{order_id}/payment");
+    let opened =
+        send(user, run, "payment", GooseMethod::Post, &path, |b| b.header("authorization", auth), &[201]).await?;
+    let Some(pay_url) = opened.str("pay_url") else {
+        Stats::add(&run.stats.payment_failed);
+        return Ok(false);
+    };
+    let body = json!({ "outcome": "succeeded" });
+    let done = send(user, run, "pay", GooseMethod::Post, &pay_url, |b| b.json(&body), &[200]).await?;
+    let paid = done.body["delivered"] == true && done.body["webhook_answer"]["outcome"] == "paid";
+    if paid {
+        run.stats.paid(started.elapsed());
+    } else {
+        Stats::add(&run.stats.payment_failed);
+    }
+    Ok(paid)
 }

@@ -1,7 +1,7 @@
 //! `loadtest`: replays an on-sale with goose, then proves nothing was double-sold.
 //!
-//! `loadtest onsale` drives N fans (default 20,000) through the gateway: queue, seat map, hold, checkout; it
-//! shows progress while it runs and writes goose's HTML report, `summary.json`, `summary.md` and
+//! `loadtest onsale` drives N fans (default 20,000) through the gateway: queue, seat map, hold, checkout and
+//! payment; it shows progress while it runs and writes goose's HTML report, `summary.json`, `summary.md` and
 //! `orders.jsonl` (every order a fan saw confirmed). `loadtest check` reads Postgres and Redis and asserts the
 //! invariants, printing any offending rows. `deploy/onsale` runs both against the local stack.
 
@@ -59,9 +59,12 @@ struct OnsaleArgs {
     /// Share of fans who close the tab while queued.
     #[arg(long, default_value_t = 0.05)]
     abandon_queue: f64,
-    /// Share of fans who let their hold expire instead of paying.
+    /// Share of fans who let their hold expire instead of checking out.
     #[arg(long, default_value_t = 0.03)]
     abandon_hold: f64,
+    /// Share of fans who check out but never pay (their orders lapse at the payment deadline).
+    #[arg(long, default_value_t = 0.05)]
+    abandon_payment: f64,
     /// Share of fans who go for the best sections.
     #[arg(long, default_value_t = 0.7)]
     best_share: f64,
@@ -144,6 +147,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         issuer: args.account_issuer.clone(),
         abandon_queue: args.abandon_queue,
         abandon_hold: args.abandon_hold,
+        abandon_payment: args.abandon_payment,
         best_share: args.best_share,
         think_ms: (args.think_min_ms, args.think_max_ms),
         hold_attempts: args.hold_attempts,
@@ -241,9 +245,11 @@ fn render(s: &Summary, fans: usize) -> String {
          | admissions per minute (first to last admission) | {} |\n| abandoned while queued | {} |\n\
          | holds | {} |\n| hold conflicts (409) | {} |\n| gave up (no seats left to try) | {} |\n\
          | holds left to expire | {} |\n| orders | {} |\n| seats sold | {} |\n| checkouts refused | {} |\n\
+         | orders paid | {} |\n| orders left unpaid | {} |\n| payments not confirmed | {} |\n\
          | told sold out while queued | {} |\n| first admission to last order | {} |\n\
          | queue wait p50 / p95 / p99 | {} |\n| hold latency p50 / p95 / p99 | {} |\n\
-         | checkout latency p50 / p95 / p99 | {} |\n| 5xx answers | {} |\n\
+         | checkout latency p50 / p95 / p99 | {} |\n\
+         | payment (open, pay, webhook) p50 / p95 / p99 | {} |\n| 5xx answers | {} |\n\
          | load generator CPU / peak memory | {:.1} s / {:.0} MiB |\n\n## Answers by request and status\n\n",
         s.event,
         s.wall_seconds,
@@ -258,11 +264,15 @@ fn render(s: &Summary, fans: usize) -> String {
         s.orders,
         s.seats_sold,
         s.checkouts_refused,
+        s.orders_paid,
+        s.orders_left_unpaid,
+        s.payments_failed,
         s.told_sold_out,
         opt(s.first_admission_to_last_order_seconds, " s"),
         pct(&s.queue_wait_ms),
         pct(&s.hold_ms),
         pct(&s.checkout_ms),
+        pct(&s.payment_ms),
         s.server_errors,
         s.process.cpu_seconds,
         s.process.peak_memory_mib,

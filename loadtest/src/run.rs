@@ -21,6 +21,8 @@ pub struct Settings {
     pub abandon_queue: f64,
     /// Share of fans who let their hold expire instead of checking out.
     pub abandon_hold: f64,
+    /// Share of fans who check out but never pay.
+    pub abandon_payment: f64,
     /// Share of fans who go for the best sections.
     pub best_share: f64,
     /// Think time between seeing the map and holding, and between holding and paying, in ms.
@@ -38,6 +40,9 @@ pub struct Confirmed {
     pub account: String,
     pub seat_ids: Vec<i64>,
     pub total_cents: i64,
+    /// Booking told the fan the order is paid.
+    #[serde(default)]
+    pub paid: bool,
 }
 
 /// Counters and timings.
@@ -55,6 +60,9 @@ pub struct Stats {
     pub orders: AtomicU64,
     pub seats_sold: AtomicU64,
     pub checkout_refused: AtomicU64,
+    pub paid: AtomicU64,
+    pub unpaid: AtomicU64,
+    pub payment_failed: AtomicU64,
     pub timed_out: AtomicU64,
     timings: Mutex<Timings>,
 }
@@ -64,6 +72,7 @@ struct Timings {
     queue_wait_ms: Vec<u64>,
     hold_ms: Vec<u64>,
     checkout_ms: Vec<u64>,
+    payment_ms: Vec<u64>,
     admitted_at_ms: Vec<u64>,
     last_order_ms: u64,
     statuses: BTreeMap<String, u64>,
@@ -102,13 +111,21 @@ impl Stats {
         self.with(|t| t.checkout_ms.push(took.as_micros() as u64));
     }
 
-    pub fn confirmed(&self, order: Confirmed, since_start: Duration) {
+    /// A checkout the fan saw succeed.
+    pub fn confirmed(&self, order: &Confirmed, since_start: Duration) {
         Self::add(&self.orders);
         self.seats_sold.fetch_add(order.seat_ids.len() as u64, Ordering::Relaxed);
-        self.with(|t| {
-            t.confirmed.push(order);
-            t.last_order_ms = t.last_order_ms.max(since_start.as_millis() as u64);
-        });
+        self.with(|t| t.last_order_ms = t.last_order_ms.max(since_start.as_millis() as u64));
+    }
+
+    /// An order as the fan left it (paid or not), for the checker.
+    pub fn settled(&self, order: Confirmed) {
+        self.with(|t| t.confirmed.push(order));
+    }
+
+    pub fn paid(&self, took: Duration) {
+        Self::add(&self.paid);
+        self.with(|t| t.payment_ms.push(took.as_micros() as u64));
     }
 
     pub fn take_confirmed(&self) -> Vec<Confirmed> {
@@ -122,6 +139,7 @@ impl Stats {
             queue_wait_ms: t.queue_wait_ms.clone(),
             hold_ms: t.hold_ms.clone(),
             checkout_ms: t.checkout_ms.clone(),
+            payment_ms: t.payment_ms.clone(),
             admitted_at_ms: t.admitted_at_ms.clone(),
             last_order_ms: t.last_order_ms,
             statuses: t.statuses.clone(),
@@ -152,6 +170,9 @@ impl Stats {
             orders: get(&self.orders),
             seats_sold: get(&self.seats_sold),
             checkouts_refused: get(&self.checkout_refused),
+            orders_paid: get(&self.paid),
+            orders_left_unpaid: get(&self.unpaid),
+            payments_failed: get(&self.payment_failed),
             timed_out_in_queue: get(&self.timed_out),
             admissions_per_minute,
             first_admission_to_last_order_seconds: admitted_at
@@ -160,6 +181,7 @@ impl Stats {
             queue_wait_ms: Percentiles::of(t.queue_wait_ms),
             hold_ms: Percentiles::of(t.hold_ms),
             checkout_ms: Percentiles::of(t.checkout_ms),
+            payment_ms: Percentiles::of(t.payment_ms),
             statuses: t.statuses,
             server_errors,
             process: Process::now(),
@@ -237,12 +259,19 @@ pub struct Summary {
     pub orders: u64,
     pub seats_sold: u64,
     pub checkouts_refused: u64,
+    pub orders_paid: u64,
+    /// Fans who checked out and never paid.
+    pub orders_left_unpaid: u64,
+    /// Payments that did not end with booking saying `paid`.
+    pub payments_failed: u64,
     pub timed_out_in_queue: u64,
     pub admissions_per_minute: Option<f64>,
     pub first_admission_to_last_order_seconds: Option<f64>,
     pub queue_wait_ms: Percentiles,
     pub hold_ms: Percentiles,
     pub checkout_ms: Percentiles,
+    /// From opening the payment to booking's `paid` (through the provider and its webhook).
+    pub payment_ms: Percentiles,
     /// Answers by request name and status.
     pub statuses: BTreeMap<String, u64>,
     pub server_errors: u64,
