@@ -6,7 +6,11 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
-use crate::store::{lifecycle, outbox};
+use crate::domain::order::Command;
+use crate::provider;
+use crate::store::holds::Holds;
+use crate::store::lifecycle::{self, Delivery, Outcome, Scope, Window};
+use crate::store::outbox;
 
 /// Orders one sweep transaction cancels at most.
 const SWEEP_BATCH: i64 = 500;
@@ -14,13 +18,25 @@ const SWEEP_BATCH: i64 = 500;
 /// Longest a relay batch may take (Redis and Postgres together) before it is abandoned and retried.
 const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What the sweeper needs to ask the payment provider before it cancels an order with a payment.
+#[derive(Clone)]
+pub struct PaymentCheck {
+    pub provider: provider::Client,
+    pub window: Window,
+    /// To mark a confirmed order's seats sold for good in Redis.
+    pub holds: Holds,
+}
+
 /// Cancels unpaid orders past their deadline every `every`, forever. Correctness never waits for it: a passed
-/// deadline frees the seats by itself; this writes the cancellation and its outbox row down.
-pub async fn sweeper(pool: PgPool, every: Duration) {
+/// deadline frees the seats by itself; this writes the cancellation and its outbox row down. Before it cancels
+/// an order whose fan started paying, it asks the provider: a payment that went through while its webhook was
+/// lost is applied as the webhook would have been (then the order is paid, not cancelled).
+pub async fn sweeper(pool: PgPool, every: Duration, check: PaymentCheck) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        confirm_lost_payments(&pool, &check).await;
         // Drain a backlog in batches, then wait for the next tick.
         loop {
             match lifecycle::sweep(&pool, SWEEP_BATCH).await {
@@ -35,6 +51,45 @@ pub async fn sweeper(pool: PgPool, every: Duration) {
                     break;
                 }
             }
+        }
+    }
+}
+
+/// Asks the provider about every due reserved order with a payment, and applies the succeeded ones.
+async fn confirm_lost_payments(pool: &PgPool, check: &PaymentCheck) {
+    let due = match lifecycle::due_with_payment(pool, SWEEP_BATCH).await {
+        Ok(due) => due,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list due orders with a payment");
+            return;
+        }
+    };
+    for (order, payment_id) in due {
+        let outcome = match check.provider.payment(&payment_id).await {
+            Ok(p) if p.status == "succeeded" && p.order_id == order.0 => "succeeded",
+            Ok(_) => "not_paid",
+            Err(e) => {
+                // The order is cancelled anyway (the deadline decides); a webhook that comes later is still
+                // applied as a late payment.
+                tracing::warn!(error = %e, %order, %payment_id, "could not ask the provider before expiring");
+                "unreachable"
+            }
+        };
+        metrics::counter!("booking_payment_checks_total", "outcome" => outcome).increment(1);
+        if outcome != "succeeded" {
+            continue;
+        }
+        let id = format!("reconcile:{payment_id}");
+        let delivery = Delivery { id: &id, kind: "payment.succeeded" };
+        match lifecycle::apply(pool, order, Scope::Any, Command::PaymentSucceeded, Some(delivery), check.window).await {
+            Ok(Outcome::Changed { order, effect, .. }) => {
+                tracing::info!(order = %order.id, status = order.status.as_str(), "a lost payment was confirmed");
+                if let Err(e) = check.holds.after_change(&order, effect).await {
+                    tracing::warn!(error = %e, order = %order.id, "order committed but Redis was not updated");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, %order, "could not apply a confirmed payment"),
         }
     }
 }

@@ -18,7 +18,6 @@ use super::orders::OrderView;
 use crate::domain::order::{Command, Status};
 use crate::domain::{Catalogue, EventId, OrderId};
 use crate::provider::NewPayment;
-use crate::store::holds::{OrderSeats, Until};
 use crate::store::lifecycle::{self, OrderRow, Outcome, Scope, SeatsEffect};
 use crate::store::orders::rfc3339;
 
@@ -48,17 +47,7 @@ pub(super) fn view(order: &OrderRow, cat: &Catalogue) -> OrderView {
 /// After Postgres committed a change: bring Redis's markers in line (best effort; Postgres is the guarantee,
 /// and a marker left behind only refuses a hold that checkout would refuse anyway, until it lapses).
 pub(super) async fn follow_up(state: &AppState, order: &OrderRow, effect: SeatsEffect) {
-    let seats = order.seat_ids();
-    let on = OrderSeats { token: order.hold, account: &order.account, seats: &seats };
-    let done = match effect {
-        SeatsEffect::None => return,
-        SeatsEffect::Paid => state.holds.reserve(order.event, &on, Until::Paid, true).await,
-        SeatsEffect::Extended => {
-            state.holds.reserve(order.event, &on, Until::deadline(order.payment_due_at), false).await
-        }
-        SeatsEffect::Released => state.holds.release_order(order.event, &on).await,
-    };
-    if let Err(e) = done {
+    if let Err(e) = state.holds.after_change(order, effect).await {
         tracing::warn!(error = %e, order = %order.id, ?effect, "order committed but Redis was not updated");
     }
 }

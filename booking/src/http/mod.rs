@@ -192,7 +192,12 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let mut background = Vec::new();
     if let Some(every) = state.background.sweep_every {
-        background.push(tokio::spawn(workers::sweeper(state.pool.clone(), every)));
+        let check = workers::PaymentCheck {
+            provider: state.payments.provider.clone(),
+            window: state.payments.window,
+            holds: state.holds.clone(),
+        };
+        background.push(tokio::spawn(workers::sweeper(state.pool.clone(), every, check)));
     }
     if let Some(relay) = state.background.relay.clone() {
         let (conn, _) = state.holds.connection();

@@ -252,6 +252,16 @@ impl Client {
         Ok(res.json().await?)
     }
 
+    /// A payment as the provider has it now.
+    pub async fn payment(&self, payment_id: &str) -> Result<Payment, ProviderError> {
+        let res = self.http.get(format!("{}/v1/payments/{payment_id}", self.base)).send().await?;
+        if !res.status().is_success() {
+            let status = res.status().as_u16();
+            return Err(ProviderError::Refused { status, body: res.text().await.unwrap_or_default() });
+        }
+        Ok(res.json().await?)
+    }
+
     /// Where the fan completes a payment.
     pub fn pay_url(&self, payment_id: &str) -> String {
         format!("{}/v1/payments/{payment_id}/complete", self.base)

@@ -347,6 +347,27 @@ impl Holds {
         self.run(inv.invoke_async(&mut conn)).await
     }
 
+    /// After Postgres committed a change to an order: brings Redis's markers in line (`reserve_seats` for paid
+    /// or extended, `release_seats` for released seats).
+    pub async fn after_change(
+        &self,
+        order: &super::lifecycle::OrderRow,
+        effect: super::lifecycle::SeatsEffect,
+    ) -> Result<(), StoreError> {
+        use super::lifecycle::SeatsEffect;
+        let seats = order.seat_ids();
+        let on = OrderSeats { token: order.hold, account: &order.account, seats: &seats };
+        match effect {
+            SeatsEffect::None => return Ok(()),
+            SeatsEffect::Paid => self.reserve(order.event, &on, Until::Paid, true).await?,
+            SeatsEffect::Extended => {
+                self.reserve(order.event, &on, Until::deadline(order.payment_due_at), false).await?
+            }
+            SeatsEffect::Released => self.release_order(order.event, &on).await?,
+        };
+        Ok(())
+    }
+
     /// The Redis view of every listed seat (available, held or sold) and the map version, read in one round
     /// trip.
     pub async fn seat_states(

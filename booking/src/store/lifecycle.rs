@@ -359,6 +359,20 @@ pub async fn sweep(pool: &PgPool, batch: i64) -> Result<u64, StoreError> {
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+/// Reserved orders past their deadline that have a payment at the provider: the sweeper asks the provider
+/// about these before it cancels them, in case the payment went through and its webhook was lost.
+pub async fn due_with_payment(pool: &PgPool, batch: i64) -> Result<Vec<(OrderId, String)>, StoreError> {
+    let rows: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+        "SELECT id, payment_id FROM orders
+         WHERE status = 'reserved' AND payment_due_at <= now() AND payment_id IS NOT NULL
+         ORDER BY payment_due_at LIMIT $1",
+    )
+    .bind(batch)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|(id, payment)| (OrderId(id), payment)).collect())
+}
+
 /// One entry of an order's history (its outbox rows).
 #[derive(Debug, Clone)]
 pub struct HistoryEntry {

@@ -352,3 +352,41 @@ async fn an_order_past_its_deadline_frees_its_seats_in_the_map_and_the_count(poo
     assert_eq!(availability.body["seats_sold"], 0, "{}", availability.body);
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_sweeper_asks_the_provider_and_a_payment_whose_webhook_was_lost_is_paid_not_cancelled(pool: PgPool) {
+    // The provider cannot reach booking: every delivery fails (connection refused on the discard port).
+    let mut app = TestApp::spawn_with(
+        pool,
+        &["--payment-webhook-url", "http://127.0.0.1:9/webhooks/payments", "--sweep-interval-ms", "100"],
+    )
+    .await;
+    let seats = app.seats_on_sale().await;
+    let (paid, token) = app.reserve("fan-a", &seats[50..52]).await;
+    let (unpaid, _) = app.reserve("fan-b", &seats[52..53]).await;
+    let started = app.start_payment("fan-a", &paid).await;
+    assert_eq!(app.start_payment("fan-b", &unpaid).await.status, 201, "fan-b opens a payment and never pays");
+    let sent = app.send(app.client.post(started.str("pay_url")).json(&json!({"outcome": "succeeded"}))).await;
+    assert_eq!(sent.body["delivered"], false, "the webhook was lost: {}", sent.body);
+    assert_eq!(app.order("fan-a", &paid).await.str("status"), "reserved");
+
+    app.pass_deadline(&paid).await;
+    app.pass_deadline(&unpaid).await;
+    let settled = crate::app::eventually(Duration::from_secs(10), async || {
+        app.order_events(&paid).await.len() >= 2 && app.order_events(&unpaid).await.len() >= 2
+    })
+    .await;
+    assert!(settled, "the sweeper settled both orders");
+    assert_eq!(app.order_events(&paid).await, ["order.reserved", "order.paid"], "paid, never cancelled");
+    assert_eq!(app.order_events(&unpaid).await, ["order.reserved", "order.cancelled"]);
+    let recorded: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM payment_events").fetch_all(&app.pool).await.expect("payment events");
+    assert_eq!(recorded, [format!("reconcile:{}", started.str("payment_id"))]);
+    for &seat in &seats[50..52] {
+        assert_eq!(app.seat_value(seat).await, Some(format!("sold:{token}")), "Redis marks the seats sold again");
+        assert_eq!(app.active_orders_for_seat(seat).await, 1);
+    }
+    assert_eq!(app.hold("fan-c", &seats[52..53]).await.status, 201, "the unpaid order's seat is back on sale");
+    app.assert_invariants().await;
+    app.stop().await;
+}
