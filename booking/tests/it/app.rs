@@ -96,17 +96,20 @@ impl TestApp {
             KEYS,
             "--payment-webhook-secret",
             WEBHOOK_SECRET,
-            "--payment-provider-url",
-            &provider,
             "--admin-token",
             ADMIN_TOKEN,
         ];
-        if !extra.contains(&"--payment-webhook-url") {
-            args.extend_from_slice(&["--payment-webhook-url", &webhook_url]);
-        }
-        // Tests read the seat map right after changing it: no caching unless a test asks for it.
-        if !extra.contains(&"--seat-map-cache-ms") {
-            args.extend_from_slice(&["--seat-map-cache-ms", "0"]);
+        // Defaults a test may override with its own flag.
+        let defaults = [
+            ("--payment-provider-url", provider.as_str()),
+            ("--payment-webhook-url", webhook_url.as_str()),
+            // Tests read the seat map right after changing it: no caching unless a test asks for it.
+            ("--seat-map-cache-ms", "0"),
+        ];
+        for (flag, value) in defaults {
+            if !extra.contains(&flag) {
+                args.extend_from_slice(&[flag, value]);
+            }
         }
         args.extend_from_slice(extra);
         let Command::Serve(cfg) = Cli::try_parse_from(args).expect("config").command else {

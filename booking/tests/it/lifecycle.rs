@@ -390,3 +390,27 @@ async fn the_sweeper_asks_the_provider_and_a_payment_whose_webhook_was_lost_is_p
     app.assert_invariants().await;
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn with_the_provider_down_payments_cannot_open_and_due_orders_still_expire(pool: PgPool) {
+    let mut app =
+        TestApp::spawn_with(pool, &["--payment-provider-url", "http://127.0.0.1:9", "--sweep-interval-ms", "100"])
+            .await;
+    let seat = app.seats_on_sale().await[60];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    let refused = app.start_payment("fan-a", &order).await;
+    assert_eq!((refused.status, refused.code()), (503, "payment_provider_unavailable"), "{}", refused.body);
+    assert!(refused.headers.contains_key("retry-after"));
+    // A payment opened while the provider was still up.
+    sqlx::query("UPDATE orders SET payment_id = 'pay_opened_earlier' WHERE id = $1::uuid")
+        .bind(&order)
+        .execute(&app.pool)
+        .await
+        .expect("attach");
+    app.pass_deadline(&order).await;
+    let expired =
+        crate::app::eventually(Duration::from_secs(10), async || app.order_events(&order).await.len() >= 2).await;
+    assert!(expired, "the deadline decides even when the provider cannot be asked");
+    assert_eq!(app.order_events(&order).await, ["order.reserved", "order.cancelled"]);
+    app.stop().await;
+}
