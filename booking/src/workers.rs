@@ -6,10 +6,10 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
-use crate::domain::order::Command;
+use crate::domain::order::{Command, Status};
 use crate::provider;
 use crate::store::holds::Holds;
-use crate::store::lifecycle::{self, Delivery, Outcome, Scope, Window};
+use crate::store::lifecycle::{self, Delivery, Outcome, Scope, SeatsEffect, Window};
 use crate::store::outbox;
 
 /// Orders one sweep transaction cancels at most.
@@ -31,12 +31,19 @@ pub struct PaymentCheck {
 /// deadline frees the seats by itself; this writes the cancellation and its outbox row down. Before it cancels
 /// an order whose fan started paying, it asks the provider: a payment that went through while its webhook was
 /// lost is applied as the webhook would have been (then the order is paid, not cancelled).
+///
+/// It also repairs Redis for orders paid lately, whose markers never lapse: it marks their seats sold again, or
+/// releases them again (a compare-and-delete on the order's own markers) if the order was then refunded or
+/// cancelled, in case booking died between a commit and its follow-up. The first pass after a start looks back
+/// a day.
 pub async fn sweeper(pool: PgPool, every: Duration, check: PaymentCheck) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut repaired_until = time::OffsetDateTime::now_utc() - time::Duration::days(1);
     loop {
         tick.tick().await;
         confirm_lost_payments(&pool, &check).await;
+        repair_paid_markers(&pool, &check.holds, &mut repaired_until).await;
         // Drain a backlog in batches, then wait for the next tick.
         loop {
             match lifecycle::sweep(&pool, SWEEP_BATCH).await {
@@ -93,6 +100,29 @@ async fn confirm_lost_payments(pool: &PgPool, check: &PaymentCheck) {
             Err(e) => tracing::warn!(error = %e, %order, "could not apply a confirmed payment"),
         }
     }
+}
+
+/// Applies again, in Redis, what happened to orders paid lately: their seats marked sold for good, or released
+/// again if the order was then refunded or cancelled. `since` moves on to the database's time of this pass
+/// when it succeeds.
+async fn repair_paid_markers(pool: &PgPool, holds: &Holds, since: &mut time::OffsetDateTime) {
+    // Changes commit a little after their updated_at: look back past the last pass.
+    let from = *since - time::Duration::seconds(2);
+    let (orders, now) = match lifecycle::paid_changed_since(pool, from).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list paid orders");
+            return;
+        }
+    };
+    for order in &orders {
+        let effect = if order.status == Status::Paid { SeatsEffect::Paid } else { SeatsEffect::Released };
+        if let Err(e) = holds.after_change(order, effect).await {
+            tracing::warn!(error = %e, order = %order.id, "could not repair the Redis markers; retrying next tick");
+            return;
+        }
+    }
+    *since = now;
 }
 
 /// How the relay runs.

@@ -373,6 +373,28 @@ pub async fn due_with_payment(pool: &PgPool, batch: i64) -> Result<Vec<(OrderId,
     Ok(rows.into_iter().map(|(id, payment)| (OrderId(id), payment)).collect())
 }
 
+/// Orders that were paid and changed since `since` (paid, then maybe refunded or cancelled), with the
+/// database's time now (the next call's `since`). Their Redis markers never lapse by themselves, so the sweeper
+/// applies them again in case the follow-up after the commit never ran.
+pub async fn paid_changed_since(
+    pool: &PgPool,
+    since: OffsetDateTime,
+) -> Result<(Vec<OrderRow>, OffsetDateTime), StoreError> {
+    let now: OffsetDateTime = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let ids: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM orders WHERE paid_at IS NOT NULL AND updated_at >= $1 ORDER BY updated_at")
+            .bind(since)
+            .fetch_all(pool)
+            .await?;
+    let mut orders = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(order) = load(pool, OrderId(id), false).await? {
+            orders.push(order);
+        }
+    }
+    Ok((orders, now))
+}
+
 /// One entry of an order's history (its outbox rows).
 #[derive(Debug, Clone)]
 pub struct HistoryEntry {

@@ -414,3 +414,40 @@ async fn with_the_provider_down_payments_cannot_open_and_due_orders_still_expire
     assert_eq!(app.order_events(&order).await, ["order.reserved", "order.cancelled"]);
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_sweeper_repairs_redis_when_a_commit_s_follow_up_never_ran(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--sweep-interval-ms", "100"]).await;
+    let seats = app.seats_on_sale().await;
+    let (refunded, _) = app.reserve("fan-a", &seats[70..71]).await;
+    assert_eq!(app.pay(&refunded, "payment.succeeded").await.body["outcome"], "paid");
+    let (paid, token) = app.reserve("fan-b", &seats[71..72]).await;
+    // Two commits after which booking dies before it tells Redis: a refund (the paid marker, which never
+    // lapses, stays) and a payment (the reserved marker lapses at the deadline, here at once).
+    for (order, from, to) in [(&refunded, "paid", "refunded"), (&paid, "reserved", "paid")] {
+        let moved: bool = sqlx::query_scalar("SELECT transition_order($1::uuid, $2, $3, NULL, 'order.' || $3)")
+            .bind(order)
+            .bind(from)
+            .bind(to)
+            .fetch_one(&app.pool)
+            .await
+            .expect("a change in Postgres only");
+        assert!(moved);
+    }
+    let key = format!("{}hold:{{ev{}}}:seat:{}", app.prefix, app.event, seats[71]);
+    let _: () = app.redis.del(&key).await.expect("the reserved marker lapses");
+
+    let back =
+        crate::app::eventually(Duration::from_secs(10), async || app.hold("fan-c", &seats[70..71]).await.status == 201)
+            .await;
+    assert!(back, "the sweeper put the refunded seat back on sale in Redis");
+    let marked = crate::app::eventually(Duration::from_secs(10), async || {
+        app.seat_value(seats[71]).await == Some(format!("sold:{token}"))
+    })
+    .await;
+    assert!(marked, "the sweeper marked the paid seat sold again");
+    let ttl: i64 = app.redis.pttl(&key).await.expect("PTTL");
+    assert_eq!(ttl, -1, "for good");
+    app.assert_invariants().await;
+    app.stop().await;
+}
