@@ -112,13 +112,17 @@ const ORDER_COLUMNS: &str = "o.id, o.event_id, o.account_id, o.status, o.cancel_
 
 async fn load<'e>(exec: impl sqlx::PgExecutor<'e>, id: OrderId, lock: bool) -> Result<Option<OrderRow>, StoreError> {
     let sql = format!("SELECT {ORDER_COLUMNS} FROM orders o WHERE o.id = $1{}", if lock { " FOR UPDATE" } else { "" });
-    let Some(r) = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.0).fetch_optional(exec).await? else { return Ok(None) };
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.0).fetch_optional(exec).await?;
+    row.as_ref().map(order_from_row).transpose()
+}
+
+fn order_from_row(r: &sqlx::postgres::PgRow) -> Result<OrderRow, StoreError> {
     let status: String = r.try_get("status")?;
     let reason: Option<String> = r.try_get("cancel_reason")?;
     let seat_ids: Vec<i64> = r.try_get("seat_ids")?;
     let prices: Vec<i64> = r.try_get("prices")?;
-    Ok(Some(OrderRow {
-        id,
+    Ok(OrderRow {
+        id: OrderId(r.try_get("id")?),
         event: EventId(r.try_get("event_id")?),
         account: r.try_get("account_id")?,
         status: Status::parse(&status).ok_or_else(|| StoreError::Unexpected(format!("order status {status:?}")))?,
@@ -132,7 +136,7 @@ async fn load<'e>(exec: impl sqlx::PgExecutor<'e>, id: OrderId, lock: bool) -> R
         deadline_passed: r.try_get("deadline_passed")?,
         created_at: r.try_get("created_at")?,
         paid_at: r.try_get("paid_at")?,
-    }))
+    })
 }
 
 fn in_scope(order: &OrderRow, scope: Scope<'_>) -> bool {
@@ -381,17 +385,11 @@ pub async fn paid_changed_since(
     since: OffsetDateTime,
 ) -> Result<(Vec<OrderRow>, OffsetDateTime), StoreError> {
     let now: OffsetDateTime = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
-    let ids: Vec<uuid::Uuid> =
-        sqlx::query_scalar("SELECT id FROM orders WHERE paid_at IS NOT NULL AND updated_at >= $1 ORDER BY updated_at")
-            .bind(since)
-            .fetch_all(pool)
-            .await?;
-    let mut orders = Vec::with_capacity(ids.len());
-    for id in ids {
-        if let Some(order) = load(pool, OrderId(id), false).await? {
-            orders.push(order);
-        }
-    }
+    let sql = format!(
+        "SELECT {ORDER_COLUMNS} FROM orders o WHERE o.paid_at IS NOT NULL AND o.updated_at >= $1 ORDER BY o.updated_at"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(since).fetch_all(pool).await?;
+    let orders = rows.iter().map(order_from_row).collect::<Result<_, _>>()?;
     Ok((orders, now))
 }
 
