@@ -40,7 +40,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 8)]
     pub pgbench_clients: u32,
     /// Port of the scratch booking server (below 32768).
-    #[arg(long, default_value_t = 18090)]
+    #[arg(long, default_value_t = 18070)]
     pub port: u16,
     /// Seats in the scratch venue; must exceed the holds made in one phase.
     #[arg(long, default_value_t = 250_000)]
@@ -435,7 +435,12 @@ async fn cleanup(pool: &PgPool, args: &BenchArgs, event: EventId, tag: &str) {
         .bind(format!("bench{tag}-%"))
         .execute(pool)
         .await;
-    for sql in ["DELETE FROM order_seats WHERE event_id = $1", "DELETE FROM orders WHERE event_id = $1"] {
+    for sql in [
+        "DELETE FROM order_events WHERE event_id = $1",
+        "DELETE FROM payment_events WHERE order_id IN (SELECT id FROM orders WHERE event_id = $1)",
+        "DELETE FROM order_seats WHERE event_id = $1",
+        "DELETE FROM orders WHERE event_id = $1",
+    ] {
         if let Err(e) = sqlx::query(sql).bind(event.0).execute(pool).await {
             eprintln!("bench: cleanup step failed ({sql}): {e}");
         }
