@@ -208,6 +208,13 @@ pub struct ServeConfig {
     /// Postgres connections in the pool.
     #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 16)]
     pub database_pool_size: u32,
+    /// Checkouts written together in one statement and one commit at most (group commit); 1 writes each
+    /// checkout on its own. Batches form only from checkouts that arrive while earlier batches run.
+    #[arg(long, env = "CHECKOUT_BATCH_MAX", default_value_t = 32)]
+    pub checkout_batch_max: usize,
+    /// Checkout batches running at once (each holds one Postgres connection).
+    #[arg(long, env = "CHECKOUT_BATCHES_IN_FLIGHT", default_value_t = 2)]
+    pub checkout_batches_in_flight: usize,
     /// Longest wait for a Postgres connection before answering 503, in milliseconds.
     #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 3_000)]
     pub database_acquire_timeout_ms: u64,

@@ -32,6 +32,7 @@ pub use error::{ApiError, ErrorBody};
 
 use crate::config::ServeConfig;
 use crate::provider;
+use crate::store::batcher::CheckoutBatcher;
 use crate::store::catalogues::Catalogues;
 use crate::store::holds::{HoldTimes, Holds, Keys};
 use crate::store::lifecycle::Window;
@@ -76,6 +77,8 @@ pub struct AppState {
     pub keyring: Arc<Keyring>,
     pub limits: Limits,
     pub payments: Payments,
+    /// Checkouts go to Postgres through here, batched when they arrive together.
+    pub checkouts: CheckoutBatcher,
     admin_token: Option<SecretString>,
     background: Background,
     body_limit_bytes: usize,
@@ -122,8 +125,17 @@ impl AppState {
                 crash_after_publish: None,
             }),
         };
+        anyhow::ensure!(
+            (1..=64).contains(&cfg.checkout_batch_max),
+            "CHECKOUT_BATCH_MAX must be between 1 and 64 (one subtransaction per item at most)"
+        );
+        anyhow::ensure!(
+            (1..=cfg.database_pool_size as usize).contains(&cfg.checkout_batches_in_flight),
+            "CHECKOUT_BATCHES_IN_FLIGHT must be between 1 and DATABASE_POOL_SIZE"
+        );
         Ok(Self {
             payments,
+            checkouts: CheckoutBatcher::start(pool.clone(), cfg.checkout_batch_max, cfg.checkout_batches_in_flight),
             admin_token: cfg.admin_token.clone(),
             background,
             catalogues: Catalogues::new(pool.clone(), cfg.catalogue_refresh()),

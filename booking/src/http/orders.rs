@@ -136,17 +136,17 @@ pub async fn create_order(
     // Gate 2, Postgres: idempotency, the account cap, the order and all its seats, or nothing.
     let new = NewOrder {
         event,
-        account,
+        account: account.to_owned(),
         hold: token,
-        seats: &rec.seats,
-        currency: &cat.event.currency,
+        seats: rec.seats.clone(),
+        currency: cat.event.currency.clone(),
         payment_window_seconds: state.limits.payment_window_seconds,
         max_seats_per_account: state.limits.max_seats_per_account,
-        idempotency_key: key,
-        fingerprint: &fingerprint,
+        idempotency_key: key.to_owned(),
+        fingerprint: fingerprint.clone(),
     };
     let max = state.limits.max_seats_per_account;
-    let order = match orders::checkout(&state.pool, &new).await {
+    let order = match state.checkouts.checkout(new).await {
         Ok(Checkout::Created(order)) => order,
         Ok(Checkout::Replay(previous)) => return Ok(answer.replay(previous)),
         Ok(Checkout::InFlight) => return Err(in_flight()),

@@ -1,5 +1,6 @@
 //! The only code that touches Postgres or Redis: one typed function per query or Lua script.
 
+pub mod batcher;
 pub mod catalogues;
 pub mod holds;
 pub mod lifecycle;

@@ -3,6 +3,7 @@
 //! Invariant: at most one active order seat per (event, seat), enforced by the partial unique index
 //! `order_seats_one_active_sale`; this module turns its violation into [`CheckoutError::SeatSold`].
 
+use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -155,16 +156,30 @@ pub enum CheckoutError {
 
 /// A checkout to write.
 #[derive(Debug, Clone)]
-pub struct NewOrder<'a> {
+pub struct NewOrder {
     pub event: EventId,
-    pub account: &'a str,
+    pub account: String,
     pub hold: HoldToken,
-    pub seats: &'a [SeatId],
-    pub currency: &'a str,
+    pub seats: Vec<SeatId>,
+    pub currency: String,
     pub payment_window_seconds: u32,
     pub max_seats_per_account: usize,
-    pub idempotency_key: &'a str,
-    pub fingerprint: &'a str,
+    pub idempotency_key: String,
+    pub fingerprint: String,
+}
+
+impl NewOrder {
+    fn cap(&self) -> i32 {
+        i32::try_from(self.max_seats_per_account).unwrap_or(i32::MAX)
+    }
+
+    /// Whether two checkouts can go in one `checkout_batch` (which takes these once for the whole batch).
+    pub fn batches_with(&self, other: &NewOrder) -> bool {
+        self.event == other.event
+            && self.currency == other.currency
+            && self.payment_window_seconds == other.payment_window_seconds
+            && self.max_seats_per_account == other.max_seats_per_account
+    }
 }
 
 /// A written order.
@@ -182,47 +197,111 @@ pub struct Order {
     pub created_at: OffsetDateTime,
 }
 
-/// Runs `checkout_order` (migrations/20261202000002_checkout_fn.sql): idempotency, the account cap, and the
-/// order with its seats priced from their allocations, in one statement and one commit. Nothing is written
-/// unless the whole basket is.
-pub async fn checkout(pool: &PgPool, new: &NewOrder<'_>) -> Result<Checkout, CheckoutError> {
+/// Runs `checkout_order` (migrations/20261202000002_checkout_fn.sql, now 20261202000006): idempotency, the
+/// account cap, and the order with its seats priced from their allocations, in one statement and one commit.
+/// Nothing is written unless the whole basket is.
+pub async fn checkout(pool: &PgPool, new: &NewOrder) -> Result<Checkout, CheckoutError> {
     let seat_ids: Vec<i64> = new.seats.iter().map(|s| s.0).collect();
     let rows = sqlx::query("SELECT * FROM checkout_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
         .bind(Uuid::new_v4())
         .bind(new.event.0)
-        .bind(new.account)
+        .bind(&new.account)
         .bind(new.hold.0)
         .bind(&seat_ids)
-        .bind(new.currency)
+        .bind(&new.currency)
         .bind(f64::from(new.payment_window_seconds))
-        .bind(i32::try_from(new.max_seats_per_account).unwrap_or(i32::MAX))
-        .bind(new.idempotency_key)
-        .bind(new.fingerprint)
+        .bind(new.cap())
+        .bind(&new.idempotency_key)
+        .bind(&new.fingerprint)
         .fetch_all(pool)
         .await;
-    let rows = match rows {
-        Ok(rows) => rows,
-        Err(e) if is_unique_violation(&e, "orders_hold_token_key") => return Err(CheckoutError::HoldUsed),
-        Err(e) if is_unique_violation(&e, "order_seats_one_active_sale") => {
-            let seat = first_seat_where(pool, SOLD_AMONG, new.event, new.seats, true).await?;
-            return Err(CheckoutError::SeatSold(seat));
+    match rows {
+        Ok(rows) => outcome(new.event, &rows),
+        Err(sqlx::Error::Database(db)) if db.code().is_some() => {
+            let (code, constraint) = (db.code().unwrap_or_default().into_owned(), db.constraint().map(str::to_owned));
+            match refusal(pool, new, &code, constraint.as_deref()).await {
+                Some(refused) => Err(refused),
+                None => Err(StoreError::Postgres(sqlx::Error::Database(db)).into()),
+            }
         }
-        // An operator withdrew an allocation between the function's check and its insert.
-        Err(e) if violates(&e, "23503", "order_seats_event_id_seat_id_fkey") => {
-            return Err(CheckoutError::Withdrawn(
-                first_seat_where(pool, ALLOCATED_AMONG, new.event, new.seats, false).await?,
-            ));
+        Err(e) => Err(StoreError::Postgres(e).into()),
+    }
+}
+
+/// Runs `checkout_batch` (migrations/20261202000007_checkout_batch.sql): several checkouts that
+/// [`NewOrder::batches_with`] one another, in one statement and one commit, each settled exactly as
+/// [`checkout`] would settle it alone. An `Err` means the whole statement failed and wrote nothing (a race
+/// only the database saw, a deadlock, a lost connection): run the checkouts one by one.
+pub async fn checkout_batch(
+    pool: &PgPool,
+    batch: &[NewOrder],
+) -> Result<Vec<Result<Checkout, CheckoutError>>, StoreError> {
+    let Some(first) = batch.first() else { return Ok(Vec::new()) };
+    debug_assert!(batch.iter().all(|n| n.batches_with(first)));
+    let (mut accounts, mut holds, mut keys, mut fingerprints) = (vec![], vec![], vec![], vec![]);
+    let (mut seat_items, mut seat_ids) = (vec![], vec![]);
+    for (item, new) in (1_i32..).zip(batch) {
+        accounts.push(new.account.as_str());
+        holds.push(new.hold.0);
+        keys.push(new.idempotency_key.as_str());
+        fingerprints.push(new.fingerprint.as_str());
+        for seat in &new.seats {
+            seat_items.push(item);
+            seat_ids.push(seat.0);
         }
-        Err(e) => return Err(StoreError::Postgres(e).into()),
-    };
+    }
+    let orders: Vec<Uuid> = batch.iter().map(|_| Uuid::new_v4()).collect();
+    let rows = sqlx::query("SELECT * FROM checkout_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+        .bind(first.event.0)
+        .bind(&first.currency)
+        .bind(f64::from(first.payment_window_seconds))
+        .bind(first.cap())
+        .bind(&orders)
+        .bind(&accounts)
+        .bind(&holds)
+        .bind(&keys)
+        .bind(&fingerprints)
+        .bind(&seat_items)
+        .bind(&seat_ids)
+        .fetch_all(pool)
+        .await?;
+    let mut per_item: Vec<Vec<PgRow>> = batch.iter().map(|_| Vec::new()).collect();
+    for row in rows {
+        let item: i32 = row.try_get("item")?;
+        let slot = usize::try_from(item - 1).ok().and_then(|i| per_item.get_mut(i));
+        slot.ok_or_else(|| StoreError::Unexpected(format!("checkout_batch answered for item {item}")))?.push(row);
+    }
+    let mut settled = Vec::with_capacity(batch.len());
+    for (new, rows) in batch.iter().zip(per_item) {
+        let error: Option<(String, Option<String>)> = match rows.first() {
+            Some(row) => row
+                .try_get::<Option<String>, _>("error_state")?
+                .map(|code| Ok::<_, sqlx::Error>((code, row.try_get("error_constraint")?)))
+                .transpose()?,
+            None => None,
+        };
+        settled.push(match error {
+            None => outcome(new.event, &rows),
+            Some((code, constraint)) => {
+                Err(refusal(pool, new, &code, constraint.as_deref()).await.unwrap_or_else(|| {
+                    StoreError::Unexpected(format!("checkout_batch item failed with {code} on {constraint:?}")).into()
+                }))
+            }
+        });
+    }
+    Ok(settled)
+}
+
+/// What `checkout_order` answered, from its rows.
+fn outcome(event: EventId, rows: &[PgRow]) -> Result<Checkout, CheckoutError> {
     let Some(first) = rows.first() else {
         return Err(StoreError::Unexpected("checkout_order returned no row".into()).into());
     };
     let outcome: String = first.try_get("outcome").map_err(StoreError::from)?;
     let detail: Option<i64> = first.try_get("detail").map_err(StoreError::from)?;
     Ok(match outcome.as_str() {
-        "created" => Checkout::Created(order_from_rows(new.event, &rows)?),
-        "replay" => Checkout::Replay(answer_from_rows(new.event, &rows)?),
+        "created" => Checkout::Created(order_from_rows(event, rows)?),
+        "replay" => Checkout::Replay(answer_from_rows(event, rows)?),
         "in_flight" => Checkout::InFlight,
         "mismatch" => Checkout::Mismatch,
         "account_cap" => Checkout::AccountCap { owned: detail.unwrap_or(0) },
@@ -231,7 +310,26 @@ pub async fn checkout(pool: &PgPool, new: &NewOrder<'_>) -> Result<Checkout, Che
     })
 }
 
-fn order_from_rows(event: EventId, rows: &[sqlx::postgres::PgRow]) -> Result<Order, StoreError> {
+/// The refusal a constraint violation during a checkout means, naming the seat where one is at fault; `None`
+/// for a violation a checkout should never meet.
+async fn refusal(pool: &PgPool, new: &NewOrder, code: &str, constraint: Option<&str>) -> Option<CheckoutError> {
+    let seat_where = |query, listed| first_seat_where(pool, query, new.event, &new.seats, listed);
+    Some(match (code, constraint?) {
+        ("23505", "orders_hold_token_key") => CheckoutError::HoldUsed,
+        ("23505", "order_seats_one_active_sale") => match seat_where(SOLD_AMONG, true).await {
+            Ok(seat) => CheckoutError::SeatSold(seat),
+            Err(e) => e.into(),
+        },
+        // An operator withdrew an allocation between the function's check and its insert.
+        ("23503", "order_seats_event_id_seat_id_fkey") => match seat_where(ALLOCATED_AMONG, false).await {
+            Ok(seat) => CheckoutError::Withdrawn(seat),
+            Err(e) => e.into(),
+        },
+        _ => return None,
+    })
+}
+
+fn order_from_rows(event: EventId, rows: &[PgRow]) -> Result<Order, StoreError> {
     let first = rows.first().ok_or_else(|| StoreError::Unexpected("order without seats".into()))?;
     let mut seats = rows
         .iter()
@@ -251,7 +349,7 @@ fn order_from_rows(event: EventId, rows: &[sqlx::postgres::PgRow]) -> Result<Ord
     })
 }
 
-fn answer_from_rows(event: EventId, rows: &[sqlx::postgres::PgRow]) -> Result<Answer, StoreError> {
+fn answer_from_rows(event: EventId, rows: &[PgRow]) -> Result<Answer, StoreError> {
     let first = rows.first().ok_or_else(|| StoreError::Unexpected("empty answer".into()))?;
     let order: Option<Uuid> = first.try_get("order_id")?;
     if order.is_some() {
@@ -315,17 +413,6 @@ pub async fn record_refusal(
         return Ok(Recorded::Mismatch);
     }
     Ok(Recorded::Existing(answer_from_rows(event, &rows)?))
-}
-
-fn is_unique_violation(e: &sqlx::Error, constraint: &str) -> bool {
-    violates(e, "23505", constraint)
-}
-
-fn violates(e: &sqlx::Error, sqlstate: &str, constraint: &str) -> bool {
-    match e {
-        sqlx::Error::Database(db) => db.code().as_deref() == Some(sqlstate) && db.constraint() == Some(constraint),
-        _ => false,
-    }
 }
 
 /// RFC 3339 with the offset the database gave (UTC).

@@ -3,6 +3,7 @@
 
 mod app;
 mod bad_input;
+mod batch;
 mod checkout;
 mod holds;
 mod lifecycle;

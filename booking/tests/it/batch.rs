@@ -1,0 +1,259 @@
+//! Group commit: checkouts settled together in one `checkout_batch` statement get exactly the answers they
+//! would get alone, and a batch that fails whole is settled again one by one.
+
+use std::time::Duration;
+
+use booking::domain::{EventId, HoldToken, SeatId};
+use booking::store::batcher::CheckoutBatcher;
+use booking::store::orders::{self, Answer, Checkout, CheckoutError, NewOrder};
+use futures::future::join_all;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::app::{TestApp, eventually};
+
+/// The cap these tests run with.
+const CAP: usize = 4;
+
+async fn currency(app: &TestApp) -> String {
+    sqlx::query_scalar("SELECT currency::text FROM events WHERE id = $1")
+        .bind(app.event)
+        .fetch_one(&app.pool)
+        .await
+        .expect("currency")
+}
+
+fn new_order(event: i64, currency: &str, account: &str, seats: &[i64], key: &str) -> NewOrder {
+    NewOrder {
+        event: EventId(event),
+        account: account.to_owned(),
+        hold: HoldToken(Uuid::new_v4()),
+        seats: seats.iter().copied().map(SeatId).collect(),
+        currency: currency.to_owned(),
+        payment_window_seconds: 600,
+        max_seats_per_account: CAP,
+        idempotency_key: key.to_owned(),
+        fingerprint: format!("test {key}"),
+    }
+}
+
+/// Checks out alone, expecting a new order; returns its id.
+async fn created_alone(app: &TestApp, new: &NewOrder) -> Uuid {
+    match orders::checkout(&app.pool, new).await {
+        Ok(Checkout::Created(order)) => order.id.0,
+        other => panic!("expected a new order, got {other:?}"),
+    }
+}
+
+fn created(settled: &Result<Checkout, CheckoutError>) -> &orders::Order {
+    match settled {
+        Ok(Checkout::Created(order)) => order,
+        other => panic!("expected a new order, got {other:?}"),
+    }
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_batch_settles_each_checkout_as_it_would_be_settled_alone(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let cur = currency(&app).await;
+    let seats = app.seats_on_sale().await;
+    let held_back = app.held_back_seats().await;
+    let event = app.event;
+    let new = |account: &str, seats: &[i64], key: &str| new_order(event, &cur, account, seats, key);
+
+    // Before the batch: a sold seat, a key that answered, an account at its cap, an order past its deadline,
+    // a hold already checked out.
+    created_alone(&app, &new("fan-sold", &[seats[20]], "k-sold")).await;
+    let answered = new("fan-answered", &[seats[21]], "k-answered");
+    let answered_order = created_alone(&app, &answered).await;
+    created_alone(&app, &new("fan-capped", &seats[22..26], "k-capped")).await;
+    let lapsed = created_alone(&app, &new("fan-lapsed", &[seats[26]], "k-lapsed")).await;
+    app.pass_deadline(&lapsed.to_string()).await;
+    let used = new("fan-used", &[seats[27]], "k-used");
+    created_alone(&app, &used).await;
+    created_alone(&app, &new("fan-9", &seats[28..31], "k9")).await;
+
+    let batch = vec![
+        new("fan-1", &[seats[0]], "k1"),
+        new("fan-2", &[seats[1], seats[2]], "k2"),
+        // One account twice, with two keys.
+        new("fan-3", &[seats[3]], "k3a"),
+        new("fan-3", &[seats[4]], "k3b"),
+        new("fan-4", &[held_back[0]], "k4"),
+        new("fan-5", &[seats[5], seats[20]], "k5"),
+        // A retry of an answered checkout, then the same key for another request.
+        answered.clone(),
+        NewOrder { fingerprint: "another request".into(), ..answered.clone() },
+        new("fan-capped", &[seats[6]], "k-capped-2"),
+        NewOrder { idempotency_key: "k-used-2".into(), seats: vec![SeatId(seats[7])], ..used.clone() },
+        // Two fans after one seat in the same batch.
+        new("fan-6", &[seats[8]], "k6"),
+        new("fan-7", &[seats[8]], "k7"),
+        new("fan-8", &[seats[26]], "k8"),
+        // One seat left under fan-9's cap, asked for twice in the same batch.
+        new("fan-9", &[seats[9]], "k9a"),
+        new("fan-9", &[seats[10]], "k9b"),
+    ];
+    let settled = orders::checkout_batch(&app.pool, &batch).await.expect("batch");
+    assert_eq!(settled.len(), batch.len());
+
+    assert_eq!(created(&settled[0]).seats.iter().map(|s| s.0.0).collect::<Vec<_>>(), [seats[0]]);
+    assert_eq!(created(&settled[1]).seats.iter().map(|s| s.0.0).collect::<Vec<_>>(), [seats[1], seats[2]]);
+    assert_eq!(created(&settled[2]).seats[0].0.0, seats[3]);
+    assert_eq!(created(&settled[3]).seats[0].0.0, seats[4]);
+    assert!(matches!(settled[4], Ok(Checkout::NotOnSale(SeatId(s))) if s == held_back[0]), "{:?}", settled[4]);
+    assert!(matches!(settled[5], Err(CheckoutError::SeatSold(SeatId(s))) if s == seats[20]), "{:?}", settled[5]);
+    assert!(
+        matches!(&settled[6], Ok(Checkout::Replay(Answer::Order(o))) if o.id.0 == answered_order),
+        "{:?}",
+        settled[6]
+    );
+    assert!(matches!(settled[7], Ok(Checkout::Mismatch)), "{:?}", settled[7]);
+    assert!(matches!(settled[8], Ok(Checkout::AccountCap { owned: 4 })), "{:?}", settled[8]);
+    assert!(matches!(settled[9], Err(CheckoutError::HoldUsed)), "{:?}", settled[9]);
+    let pair = [&settled[10], &settled[11]];
+    assert_eq!(pair.iter().filter(|s| matches!(s, Ok(Checkout::Created(_)))).count(), 1, "{pair:?}");
+    assert_eq!(
+        pair.iter().filter(|s| matches!(s, Err(CheckoutError::SeatSold(SeatId(x))) if *x == seats[8])).count(),
+        1,
+        "{pair:?}"
+    );
+    assert_eq!(created(&settled[12]).seats[0].0.0, seats[26]);
+    assert_eq!(created(&settled[13]).seats[0].0.0, seats[9]);
+    assert!(matches!(settled[14], Ok(Checkout::AccountCap { owned: 4 })), "{:?}", settled[14]);
+
+    // Refused items wrote nothing; the lapsed order was expired to make room; the prices are the
+    // allocations' (assert_invariants).
+    for seat in [seats[5], seats[6], seats[7], seats[10], held_back[0]] {
+        assert_eq!(app.active_orders_for_seat(seat).await, 0, "seat {seat}");
+    }
+    let lapsed_status: (String, Option<String>) =
+        sqlx::query_as("SELECT status, cancel_reason FROM orders WHERE id = $1")
+            .bind(lapsed)
+            .fetch_one(&app.pool)
+            .await
+            .expect("lapsed");
+    assert_eq!(lapsed_status, ("cancelled".into(), Some("expired".into())));
+    app.assert_invariants().await;
+
+    // Each new order has its key and exactly one outbox row, identical to the snapshot the other writers use.
+    let new_orders: Vec<Uuid> = settled
+        .iter()
+        .filter_map(|s| match s {
+            Ok(Checkout::Created(o)) => Some(o.id.0),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(new_orders.len(), 7);
+    let (events, faithful, keys): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE e.data = order_snapshot(e.order_id)),
+                (SELECT count(*) FROM idempotency_keys k WHERE k.order_id = ANY ($1))
+         FROM order_events e WHERE e.order_id = ANY ($1) AND e.kind = 'order.reserved'",
+    )
+    .bind(&new_orders)
+    .fetch_one(&app.pool)
+    .await
+    .expect("outbox");
+    assert_eq!((events, faithful, keys), (7, 7, 7));
+    app.stop().await;
+}
+
+/// Waits until a backend running `query_like` waits for a lock.
+async fn blocked(app: &TestApp, query_like: &str) -> bool {
+    eventually(Duration::from_secs(10), async || {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+        )
+        .bind(query_like)
+        .fetch_one(&app.pool)
+        .await
+        .expect("pg_stat_activity");
+        n > 0
+    })
+    .await
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_batch_that_fails_whole_is_settled_one_by_one(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let cur = currency(&app).await;
+    let seats = app.seats_on_sale().await;
+    let (w, x, y) = (seats[0], seats[1], seats[2]);
+    // One batch at a time, so checkouts queue behind a busy one and go together.
+    let batcher = CheckoutBatcher::start(app.pool.clone(), 32, 1);
+    // Two intruders' checkouts, not yet committed: Postgres sees their seats, the batch's checks cannot.
+    let intrude = async |seat: i64| {
+        let mut tx = app.pool.begin().await.expect("begin");
+        sqlx::query(
+            "SELECT * FROM checkout_order(gen_random_uuid(), $1, $2, gen_random_uuid(), $3, $4, 600, 8, 'k', 'f')",
+        )
+        .bind(app.event)
+        .bind(format!("intruder-{seat}"))
+        .bind(vec![seat])
+        .bind(&cur)
+        .execute(&mut *tx)
+        .await
+        .expect("intruder");
+        tx
+    };
+    let on_w = intrude(w).await;
+    let on_x = intrude(x).await;
+
+    // A lone checkout of w takes the only slot and waits for the intruder on w.
+    let z = tokio::spawn({
+        let (b, n) = (batcher.clone(), new_order(app.event, &cur, "fan-z", &[w], "kz"));
+        async move { b.checkout(n).await }
+    });
+    assert!(blocked(&app, "%checkout_order%").await, "the lone checkout never waited");
+    let xy: Vec<_> = [("fan-x", x), ("fan-y", y)]
+        .into_iter()
+        .map(|(account, seat)| {
+            let (b, n) = (batcher.clone(), new_order(app.event, &cur, account, &[seat], account));
+            tokio::spawn(async move { b.checkout(n).await })
+        })
+        .collect();
+    // The intruder on w gives up: z goes through, and x and y (queued meanwhile) go as one batch, which
+    // waits for the intruder on x.
+    on_w.rollback().await.expect("rollback");
+    assert!(blocked(&app, "%checkout_batch%").await, "x and y never went as one batch");
+    // The intruder on x commits: the batch statement fails whole, and x and y are settled one by one.
+    on_x.commit().await.expect("commit");
+
+    assert_eq!(created(&z.await.expect("z")).seats[0].0.0, w);
+    let mut xy = join_all(xy).await.into_iter().map(|r| r.expect("join"));
+    let (sx, sy) = (xy.next().expect("x"), xy.next().expect("y"));
+    assert!(matches!(sx, Err(CheckoutError::SeatSold(SeatId(s))) if s == x), "{sx:?}");
+    assert_eq!(created(&sy).seats[0].0.0, y);
+    assert_eq!((app.active_orders_for_seat(x).await, app.active_orders_for_seat(y).await), (1, 1));
+    let y_orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE account_id = 'fan-y'")
+        .fetch_one(&app.pool)
+        .await
+        .expect("count");
+    assert_eq!(y_orders, 1, "the failed batch wrote nothing; the retry wrote y once");
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn forty_concurrent_checkouts_through_http_all_succeed(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let fans: Vec<(String, i64)> = (0..40).map(|i| (format!("fan-{i}"), seats[i])).collect();
+    let holds = join_all(fans.iter().map(|(f, s)| app.hold(f, std::slice::from_ref(s)))).await;
+    assert!(holds.iter().all(|h| h.status == 201));
+    let asks: Vec<(String, String)> =
+        fans.iter().zip(&holds).map(|((f, _), h)| (h.str("hold_token"), format!("key-{f}"))).collect();
+    let checkouts = join_all(fans.iter().zip(&asks).map(|((f, _), (token, key))| app.checkout(f, token, key))).await;
+    let statuses: Vec<u16> = checkouts.iter().map(|r| r.status).collect();
+    assert!(statuses.iter().all(|&s| s == 201), "statuses: {statuses:?}");
+    for ((_, seat), r) in fans.iter().zip(&checkouts) {
+        assert_eq!(r.body["seats"][0]["seat_id"], *seat, "{}", r.body);
+    }
+    let reserved: i64 = sqlx::query_scalar("SELECT count(*) FROM order_events WHERE kind = 'order.reserved'")
+        .fetch_one(&app.pool)
+        .await
+        .expect("events");
+    assert_eq!((app.order_count().await, reserved), (40, 40));
+    app.assert_invariants().await;
+    app.stop().await;
+}

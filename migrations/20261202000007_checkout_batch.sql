@@ -1,0 +1,126 @@
+-- checkout_batch: several checkouts of one event in one statement and one commit (group commit). Called only
+-- through `store::orders::checkout_batch`, which collects concurrent checkouts.
+--
+-- Each item gets exactly the answer checkout_order would give it alone. Items that are plainly new (their key
+-- free and unused, their account, hold and seats appearing once in the batch, under the account's cap, every
+-- seat allocated and in no active order) are written together, set-based, so executor start-up and the commit
+-- are paid once per batch. Every other item goes through checkout_order itself, in a subtransaction, so one
+-- item's conflict does not undo the others; its unique or foreign-key violation comes back as error_state and
+-- error_constraint instead of an exception.
+--
+-- A race the checks above cannot see (a seat written by a concurrent transaction that commits after them)
+-- makes the set-based insert raise: the whole statement fails, writes nothing, and the caller runs the items
+-- one by one. The accounts' advisory locks are taken in one global order, so two batches do not deadlock on
+-- them; any other deadlock also ends in the one-by-one run.
+--
+-- Items are numbered from 1; p_seat_items[k] is the item seat p_seat_ids[k] belongs to. Rows: as
+-- checkout_order's, each with its item.
+
+CREATE FUNCTION checkout_batch(
+    p_event bigint, p_currency text, p_payment_window_seconds double precision, p_max_seats_per_account integer,
+    p_orders uuid[], p_accounts text[], p_holds uuid[], p_keys text[], p_fingerprints text[],
+    p_seat_items integer[], p_seat_ids bigint[]
+) RETURNS TABLE (
+    item integer, outcome text, order_id uuid, detail bigint, response_body jsonb,
+    seat_id bigint, ticket_type_id bigint, price_cents bigint,
+    status text, hold_token uuid, total_cents bigint, currency text, payment_due_at timestamptz,
+    created_at timestamptz, error_state text, error_constraint text
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    n integer := cardinality(p_orders);
+    v_due timestamptz := now() + make_interval(secs => p_payment_window_seconds);
+    v_fast boolean[];
+    v_state text;
+    v_constraint text;
+BEGIN
+    -- Every account's lock for the event, in one order for every caller (checkout_order takes the same lock;
+    -- taking it again there is free).
+    PERFORM pg_advisory_xact_lock(l.k)
+    FROM (SELECT DISTINCT hashtextextended(a || '/' || p_event::text, 11) AS k FROM unnest(p_accounts) AS a
+          ORDER BY 1) l;
+
+    -- Which items are plainly new, in one statement whose snapshot follows the locks. An item's key lock is
+    -- tried first, as checkout_order does; an item whose key is taken by a request in flight is not new.
+    SELECT array_agg(
+               pg_try_advisory_xact_lock(hashtextextended(u.a || '/' || u.k, 7))
+               AND b.basket > 0
+               AND b.priced = b.basket
+               AND NOT b.taken
+               AND NOT b.shared_seat
+               AND (SELECT count(*) FROM unnest(p_accounts) AS x WHERE x = u.a) = 1
+               AND (SELECT count(*) FROM unnest(p_holds) AS x WHERE x = u.h) = 1
+               AND NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.account_id = u.a AND k.key = u.k)
+               AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.hold_token = u.h)
+               AND (SELECT count(*) FROM order_seats os JOIN orders o ON o.id = os.order_id
+                    WHERE o.event_id = p_event AND o.account_id = u.a AND os.active
+                      AND (os.expires_at IS NULL OR os.expires_at > now())) + b.basket <= p_max_seats_per_account
+               ORDER BY u.i)
+    INTO v_fast
+    FROM unnest(p_accounts, p_keys, p_holds) WITH ORDINALITY AS u (a, k, h, i)
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS basket, count(al.seat_id) AS priced,
+               coalesce(bool_or(EXISTS (SELECT 1 FROM order_seats os
+                                        WHERE os.event_id = p_event AND os.seat_id = s.seat AND os.active)), false)
+                   AS taken,
+               coalesce(bool_or((SELECT count(*) FROM unnest(p_seat_ids) AS z WHERE z = s.seat) > 1), false)
+                   AS shared_seat
+        FROM unnest(p_seat_items, p_seat_ids) AS s (it, seat)
+        LEFT JOIN seat_allocations al ON al.event_id = p_event AND al.seat_id = s.seat
+        WHERE s.it = u.i) b;
+
+    -- The new items, all at once: orders, seats (in seat order, one lock order for every writer), keys and
+    -- outbox rows (order_snapshot, from what is written here).
+    RETURN QUERY
+    WITH priced AS (
+        SELECT s.it, s.seat, al.ticket_type_id AS ticket_type, t.price_cents AS price,
+               sum(t.price_cents) OVER (PARTITION BY s.it)::bigint AS total
+        FROM unnest(p_seat_items, p_seat_ids) AS s (it, seat)
+        JOIN seat_allocations al ON al.event_id = p_event AND al.seat_id = s.seat
+        JOIN ticket_types t ON t.id = al.ticket_type_id
+        WHERE v_fast[s.it]
+    ), o AS (
+        INSERT INTO orders (id, event_id, account_id, status, hold_token, total_cents, currency, payment_due_at)
+        SELECT DISTINCT ON (p.it) p_orders[p.it], p_event, p_accounts[p.it], 'reserved', p_holds[p.it], p.total,
+               p_currency, v_due
+        FROM priced p ORDER BY p.it
+    ), s AS (
+        INSERT INTO order_seats (order_id, event_id, seat_id, ticket_type_id, price_cents, expires_at)
+        SELECT p_orders[p.it], p_event, p.seat, p.ticket_type, p.price, v_due FROM priced p ORDER BY p.seat
+    ), k AS (
+        INSERT INTO idempotency_keys (account_id, key, fingerprint, response_status, order_id)
+        SELECT DISTINCT ON (p.it) p_accounts[p.it], p_keys[p.it], p_fingerprints[p.it], 201, p_orders[p.it]
+        FROM priced p ORDER BY p.it
+    ), e AS (
+        INSERT INTO order_events (order_id, event_id, kind, from_status, to_status, data)
+        SELECT p_orders[p.it], p_event, 'order.reserved', NULL, 'reserved', jsonb_build_object(
+            'order_id', p_orders[p.it], 'event_id', p_event, 'account_id', p_accounts[p.it], 'status', 'reserved',
+            'cancel_reason', NULL, 'total_cents', min(p.total), 'currency', p_currency::char(3),
+            'payment_due_at', v_due, 'payment_id', NULL, 'seat_ids', jsonb_agg(p.seat ORDER BY p.seat))
+        FROM priced p GROUP BY p.it ORDER BY p.it
+    )
+    SELECT p.it, 'created', p_orders[p.it], 201::bigint, NULL::jsonb, p.seat, p.ticket_type, p.price,
+           'reserved'::text, p_holds[p.it], p.total, p_currency::char(3)::text, v_due, now(), NULL::text, NULL::text
+    FROM priced p;
+
+    -- Everything else, one by one, each in its own subtransaction.
+    FOR i IN 1 .. n LOOP
+        CONTINUE WHEN v_fast[i];
+        BEGIN
+            RETURN QUERY
+            SELECT i, c.*, NULL::text, NULL::text
+            FROM checkout_order(p_orders[i], p_event, p_accounts[i], p_holds[i],
+                                ARRAY(SELECT s.seat FROM unnest(p_seat_items, p_seat_ids) WITH ORDINALITY
+                                          AS s (it, seat, pos)
+                                      WHERE s.it = i ORDER BY s.pos),
+                                p_currency, p_payment_window_seconds, p_max_seats_per_account, p_keys[i],
+                                p_fingerprints[i]) c;
+        EXCEPTION WHEN unique_violation OR foreign_key_violation THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_constraint = CONSTRAINT_NAME;
+            RETURN QUERY SELECT i, 'error'::text, NULL::uuid, NULL::bigint, NULL::jsonb, NULL::bigint,
+                NULL::bigint, NULL::bigint, NULL::text, NULL::uuid, NULL::bigint, NULL::text, NULL::timestamptz,
+                NULL::timestamptz, v_state, v_constraint;
+        END;
+    END LOOP;
+END;
+$$ SET plan_cache_mode = force_generic_plan;
