@@ -212,7 +212,7 @@ pub struct ServeConfig {
     /// checkout on its own. Batches form only from checkouts that arrive while earlier batches run.
     #[arg(long, env = "CHECKOUT_BATCH_MAX", default_value_t = 32)]
     pub checkout_batch_max: usize,
-    /// Checkout batches running at once (each holds one Postgres connection).
+    /// Checkout batches running at once (each holds one Postgres connection; at most DATABASE_POOL_SIZE).
     #[arg(long, env = "CHECKOUT_BATCHES_IN_FLIGHT", default_value_t = 2)]
     pub checkout_batches_in_flight: usize,
     /// Longest wait for a Postgres connection before answering 503, in milliseconds.

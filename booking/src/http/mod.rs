@@ -129,13 +129,12 @@ impl AppState {
             (1..=64).contains(&cfg.checkout_batch_max),
             "CHECKOUT_BATCH_MAX must be between 1 and 64 (one subtransaction per item at most)"
         );
-        anyhow::ensure!(
-            (1..=cfg.database_pool_size as usize).contains(&cfg.checkout_batches_in_flight),
-            "CHECKOUT_BATCHES_IN_FLIGHT must be between 1 and DATABASE_POOL_SIZE"
-        );
+        anyhow::ensure!(cfg.checkout_batches_in_flight >= 1, "CHECKOUT_BATCHES_IN_FLIGHT must be at least 1");
+        // Each batch holds a connection: never more batches than the pool has connections.
+        let batches_in_flight = cfg.checkout_batches_in_flight.min(cfg.database_pool_size.max(1) as usize);
         Ok(Self {
             payments,
-            checkouts: CheckoutBatcher::start(pool.clone(), cfg.checkout_batch_max, cfg.checkout_batches_in_flight),
+            checkouts: CheckoutBatcher::start(pool.clone(), cfg.checkout_batch_max, batches_in_flight),
             admin_token: cfg.admin_token.clone(),
             background,
             catalogues: Catalogues::new(pool.clone(), cfg.catalogue_refresh()),
