@@ -31,6 +31,14 @@ DECLARE
     n integer := cardinality(p_orders);
     v_due timestamptz := now() + make_interval(secs => p_payment_window_seconds);
     v_fast boolean[];
+    -- The new items' seats: item, seat, ticket type, price.
+    v_items integer[];
+    v_seats bigint[];
+    v_types bigint[];
+    v_prices bigint[];
+    -- New items with a seat withdrawn between the check and the pricing; one of them.
+    v_short integer[];
+    v_item integer;
     v_state text;
     v_constraint text;
 BEGIN
@@ -69,16 +77,36 @@ BEGIN
         LEFT JOIN seat_allocations al ON al.event_id = p_event AND al.seat_id = s.seat
         WHERE s.it = u.i) b;
 
+    -- The new items' seats priced from their allocations, in seat order. A seat withdrawn since the check above
+    -- (another snapshot) sends its item the slow way, where checkout_order names it: a basket is written whole
+    -- or not at all. A withdrawal after this statement fails the insert's foreign-key check instead.
+    SELECT array_agg(s.it ORDER BY s.seat), array_agg(s.seat ORDER BY s.seat),
+           array_agg(al.ticket_type_id ORDER BY s.seat), array_agg(t.price_cents ORDER BY s.seat)
+    INTO v_items, v_seats, v_types, v_prices
+    FROM unnest(p_seat_items, p_seat_ids) AS s (it, seat)
+    JOIN seat_allocations al ON al.event_id = p_event AND al.seat_id = s.seat
+    JOIN ticket_types t ON t.id = al.ticket_type_id
+    WHERE v_fast[s.it];
+    SELECT coalesce(array_agg(b.it), '{}') INTO v_short
+    FROM (SELECT x.it, count(*) AS basket FROM unnest(p_seat_items) AS x (it) GROUP BY x.it) b
+    WHERE v_fast[b.it] AND b.basket <> (SELECT count(*) FROM unnest(v_items) AS y WHERE y = b.it);
+    IF cardinality(v_short) > 0 THEN
+        FOREACH v_item IN ARRAY v_short LOOP
+            v_fast[v_item] := false;
+        END LOOP;
+        SELECT array_agg(u.it ORDER BY u.seat), array_agg(u.seat ORDER BY u.seat),
+               array_agg(u.ticket_type ORDER BY u.seat), array_agg(u.price ORDER BY u.seat)
+        INTO v_items, v_seats, v_types, v_prices
+        FROM unnest(v_items, v_seats, v_types, v_prices) AS u (it, seat, ticket_type, price)
+        WHERE u.it <> ALL (v_short);
+    END IF;
+
     -- The new items, all at once: orders, seats (in seat order, one lock order for every writer), keys and
     -- outbox rows (order_snapshot, from what is written here).
     RETURN QUERY
     WITH priced AS (
-        SELECT s.it, s.seat, al.ticket_type_id AS ticket_type, t.price_cents AS price,
-               sum(t.price_cents) OVER (PARTITION BY s.it)::bigint AS total
-        FROM unnest(p_seat_items, p_seat_ids) AS s (it, seat)
-        JOIN seat_allocations al ON al.event_id = p_event AND al.seat_id = s.seat
-        JOIN ticket_types t ON t.id = al.ticket_type_id
-        WHERE v_fast[s.it]
+        SELECT u.it, u.seat, u.ticket_type, u.price, sum(u.price) OVER (PARTITION BY u.it)::bigint AS total
+        FROM unnest(v_items, v_seats, v_types, v_prices) AS u (it, seat, ticket_type, price)
     ), o AS (
         INSERT INTO orders (id, event_id, account_id, status, hold_token, total_cents, currency, payment_due_at)
         SELECT DISTINCT ON (p.it) p_orders[p.it], p_event, p_accounts[p.it], 'reserved', p_holds[p.it], p.total,
