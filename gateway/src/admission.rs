@@ -1,7 +1,9 @@
 //! The admission check at the edge: which event a path is for, and whether the request carries a valid
 //! admission proof for it. Pure: no I/O, so it is tested without a server.
 
-use tokens::{AccountId, AdmissionRefusal, Keyring};
+use std::sync::Arc;
+
+use tokens::{AdmissionClaims, AdmissionRefusal, Keyring};
 
 /// Where a request is going, as far as the gateway cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,22 +71,23 @@ impl Refusal {
 }
 
 /// Checks the admission proof (from `Authorization: Bearer` or the `wr_admission` cookie) for `event`, and
-/// returns the admitted account.
+/// returns its claims (the admitted account is `sub`).
 pub fn check(
     keyring: &Keyring,
     authorization: Option<&str>,
     cookies: &[&str],
     event: i64,
-) -> Result<AccountId, Refusal> {
+) -> Result<Arc<AdmissionClaims>, Refusal> {
     let refused = |r: AdmissionRefusal| Refusal::new(r.status(), r.code(), r.to_string());
     let claims = keyring.check_admission(authorization, cookies.iter().copied()).map_err(refused)?;
-    claims.account_for(event).cloned().map_err(refused)
+    claims.account_for(event).map_err(refused)?;
+    Ok(claims)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokens::{ADMISSION_COOKIE, AdmissionClaims, unix_now};
+    use tokens::{ADMISSION_COOKIE, AccountId, unix_now};
 
     const KEYS: &str = "k1:a-very-long-development-secret-number-one";
 

@@ -9,10 +9,11 @@ use std::time::Duration;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use ipnet::IpNet;
+use tokens::AccountId;
 
 /// The gateway's limiters.
 pub struct Limits {
-    per_account: DefaultKeyedRateLimiter<String>,
+    per_account: DefaultKeyedRateLimiter<AccountId>,
     per_ip: DefaultKeyedRateLimiter<IpAddr>,
     trusted: Vec<IpNet>,
     clock: DefaultClock,
@@ -35,9 +36,8 @@ impl Limits {
     }
 
     /// `Err(wait)` when the account is over its limit.
-    pub fn check_account(&self, account: &str) -> Result<(), Duration> {
-        let key = account.to_owned();
-        self.per_account.check_key(&key).map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+    pub fn check_account(&self, account: &AccountId) -> Result<(), Duration> {
+        self.per_account.check_key(account).map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
 
     /// `Err(wait)` when the IP is over its limit.
@@ -107,11 +107,12 @@ mod tests {
     #[test]
     fn an_account_over_its_limit_waits_while_others_go_on() {
         let l = limits(&[]);
-        assert!(l.check_account("a").is_ok());
-        assert!(l.check_account("a").is_ok());
-        let wait = l.check_account("a").expect_err("third request within a second");
+        let (a, b) = (AccountId::parse("a").expect("id"), AccountId::parse("b").expect("id"));
+        assert!(l.check_account(&a).is_ok());
+        assert!(l.check_account(&a).is_ok());
+        let wait = l.check_account(&a).expect_err("third request within a second");
         assert!(wait > Duration::ZERO && wait <= Duration::from_secs(1), "{wait:?}");
-        assert!(l.check_account("b").is_ok());
+        assert!(l.check_account(&b).is_ok());
         assert_eq!(l.tracked().0, 2);
     }
 

@@ -117,8 +117,8 @@ impl Gateway {
         let authorization = header(session, "authorization");
         let cookies: Vec<&str> =
             session.req_header().headers.get_all("cookie").iter().filter_map(|v| v.to_str().ok()).collect();
-        let account = match admission::check(&self.keyring, authorization, &cookies, event) {
-            Ok(account) => account,
+        let claims = match admission::check(&self.keyring, authorization, &cookies, event) {
+            Ok(claims) => claims,
             Err(refusal) if refusal.status == 401 && wants_html(session) => {
                 // A browser without a valid proof goes to the waiting room, not to an error page.
                 let reply = Reply { status: 302, headers: Vec::new(), body: Bytes::new() };
@@ -126,7 +126,7 @@ impl Gateway {
             }
             Err(refusal) => return Some(Reply::error(refusal.status, refusal.code, &refusal.message)),
         };
-        if let Err(wait) = self.limits.check_account(account.as_str()) {
+        if let Err(wait) = self.limits.check_account(&claims.sub) {
             crate::metrics::record_rate_limited("account");
             return Some(too_many(wait));
         }
@@ -185,6 +185,6 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        crate::metrics::record_response(if ctx.proxied { "proxied" } else { "gateway" }, status);
+        crate::metrics::record_response(ctx.proxied, status);
     }
 }

@@ -116,3 +116,72 @@ fn a_queue_ticket_is_not_an_admission_proof_nor_the_reverse() {
     // An admission proof has no place: refused before its audience is even read.
     assert!(ring.verify_ticket(&proof).is_err());
 }
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+#[test]
+fn a_verified_proof_is_remembered_and_forgeries_never_are() {
+    let ring = ring(&format!("k1:{SECRET_A}"));
+    let claims = AdmissionClaims::new(account("fan-1"), 7, unix_now(), 600);
+    let token = ring.sign(&claims);
+    let first = ring.check_admission(Some(&bearer(&token)), []).expect("valid proof");
+    let again = ring.check_admission(None, [format!("{ADMISSION_COOKIE}={token}").as_str()]).expect("cached");
+    assert_eq!(*first, claims);
+    assert!(Arc::ptr_eq(&first, &again), "the second check is answered from the verified proofs");
+    assert_eq!(ring.verified.len(), 1);
+
+    // A copy with another payload but the genuine signature, and one signed with another key: both refused,
+    // and neither is remembered.
+    let (_, rest) = token.split_once('.').expect("jwt");
+    let (_, signature) = rest.split_once('.').expect("jwt");
+    let other = ring.sign(&AdmissionClaims::new(account("fan-2"), 7, unix_now(), 600));
+    let spliced = format!("{}.{signature}", other.rsplit_once('.').expect("jwt").0);
+    let refused = ring.check_admission(Some(&bearer(&spliced)), []).expect_err("spliced");
+    assert_eq!(refused, AdmissionRefusal::Invalid(TokenError::BadSignature));
+    let foreign = self::ring(&format!("k1:{SECRET_B}")).sign(&claims);
+    assert!(ring.check_admission(Some(&bearer(&foreign)), []).is_err());
+    assert_eq!(ring.verified.len(), 1);
+}
+
+#[test]
+fn a_remembered_proof_still_expires() {
+    let ring = ring(&format!("k1:{SECRET_A}"));
+    let now = unix_now();
+    let claims = AdmissionClaims::new(account("fan-1"), 7, now, 60);
+    let token = ring.sign(&claims);
+    assert!(ring.check_admission(Some(&bearer(&token)), []).is_ok());
+    assert!(ring.verified.get(&token, claims.exp + LEEWAY_SECONDS).is_some(), "valid up to the leeway");
+    assert!(ring.verified.get(&token, claims.exp + LEEWAY_SECONDS + 1).is_none(), "not one second more");
+
+    // An entry whose proof has expired by the real clock is not served: the full check runs and refuses.
+    let old = AdmissionClaims::new(account("fan-1"), 7, now - 100, 10);
+    let old_token = ring.sign(&old);
+    ring.verified.insert(&old_token, Arc::new(old), now - 100);
+    assert_eq!(ring.check_admission(Some(&bearer(&old_token)), []), Err(AdmissionRefusal::Expired));
+}
+
+#[test]
+fn the_verified_proofs_stay_bounded() {
+    let mut ring = ring(&format!("k1:{SECRET_A}"));
+    ring.verified = VerifiedProofs::new(3);
+    let now = unix_now();
+    for i in 0..10 {
+        let token = ring.sign(&AdmissionClaims::new(account(&format!("fan-{i}")), 7, now, 600));
+        assert!(ring.check_admission(Some(&bearer(&token)), []).is_ok());
+        assert!(ring.verified.len() <= 3, "{} entries after {} proofs", ring.verified.len(), i + 1);
+    }
+    // Expired entries are the first to go: with two of three expired, a new proof keeps the live one.
+    ring.verified = VerifiedProofs::new(3);
+    let live = ring.sign(&AdmissionClaims::new(account("live"), 7, now, 600));
+    assert!(ring.check_admission(Some(&bearer(&live)), []).is_ok());
+    for i in 0..2 {
+        let claims = AdmissionClaims::new(account(&format!("gone-{i}")), 7, now - 100, 10);
+        ring.verified.insert(&ring.sign(&claims), Arc::new(claims), now);
+    }
+    let next = ring.sign(&AdmissionClaims::new(account("next"), 7, now, 600));
+    assert!(ring.check_admission(Some(&bearer(&next)), []).is_ok());
+    assert_eq!(ring.verified.len(), 2);
+    assert!(ring.verified.get(&live, now).is_some());
+}

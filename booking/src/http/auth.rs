@@ -6,6 +6,8 @@
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
+use std::sync::Arc;
+
 use tokens::{AccountId, AdmissionClaims, AdmissionRefusal};
 
 use super::AppState;
@@ -13,7 +15,7 @@ use super::error::ApiError;
 use crate::domain::EventId;
 
 /// A verified admission proof (signature, key id, algorithm, expiry, audience, issuer).
-pub struct Proof(pub AdmissionClaims);
+pub struct Proof(pub Arc<AdmissionClaims>);
 
 impl Proof {
     /// The admitted account, if the proof is for `event`.
