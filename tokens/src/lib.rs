@@ -363,16 +363,12 @@ impl Keyring {
         if keys.is_empty() {
             return Err(KeyringError::Empty);
         }
-        Ok(Self::with_keys(keys, VERIFIED_PROOFS_MAX))
-    }
-
-    fn with_keys(keys: Vec<Key>, verified_max: usize) -> Self {
-        Self {
+        Ok(Self {
             keys,
             admission: validation(ADMISSION_AUDIENCE, ADMISSION_ISSUER),
             ticket: validation(TICKET_AUDIENCE, ADMISSION_ISSUER),
-            verified: VerifiedProofs::new(verified_max),
-        }
+            verified: VerifiedProofs::new(VERIFIED_PROOFS_MAX),
+        })
     }
 
     /// Signs `claims` with the first key, naming it in the header's `kid`.

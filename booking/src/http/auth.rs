@@ -3,11 +3,11 @@
 //! browsers coming through the gateway, the `wr_admission` cookie (`tokens::find_admission_proof`). Checked
 //! locally: no store is consulted.
 
+use std::sync::Arc;
+
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
-use std::sync::Arc;
-
 use tokens::{AccountId, AdmissionClaims, AdmissionRefusal};
 
 use super::AppState;
