@@ -2,9 +2,10 @@
 //! on the same machine — `redis-benchmark` running EVALSHA of the same acquire script, and `pgbench` running
 //! single-row INSERTs — and the ratios between them.
 //!
-//! It seeds a scratch event, starts its own `booking serve` child on a scratch port and key prefix, drives it
-//! with `wrk`, and removes the scratch event and keys at the end. Everything runs on loopback, each phase
-//! bounded by its duration.
+//! It works in a scratch schema of its own (migrated, then seeded with one event), so it neither reads nor
+//! writes the stack's tables: it starts its own `booking serve` child on a scratch port, key prefix and that
+//! schema, drives it with `wrk`, runs `pgbench` in the same schema, and at the end drops the schema and
+//! deletes the keys. Everything runs on loopback, each phase bounded by its duration.
 
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
@@ -65,25 +66,39 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     for tool in ["wrk", "redis-benchmark", "pgbench"] {
         which(tool).with_context(|| format!("`{tool}` is not installed (deploy/stack up installs it)"))?;
     }
-    let pool = PgPool::connect(args.db.database_url.expose_secret()).await.context("connecting to Postgres")?;
-    crate::MIGRATOR.run(&pool).await?;
     let ring = Keyring::parse(args.admission_keys.expose_secret()).context("ADMISSION_KEYS")?;
-    // One tag per run names its Redis keys and its accounts, so cleanup removes exactly what this run made.
+    // One tag per run names its schema, its Redis keys and its accounts, so cleanup removes exactly what this
+    // run made.
     let tag = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    let schema = format!("bench_{tag}");
+    let url = scratch_url(args.db.database_url.expose_secret(), &schema)?;
+    let admin = PgPool::connect(args.db.database_url.expose_secret()).await.context("connecting to Postgres")?;
+    // The schema's name is "bench_" and 12 hex digits of a fresh UUID: nothing to quote.
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&admin)
+        .await
+        .context("creating the scratch schema")?;
     let work = std::env::temp_dir().join(format!("booking-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
 
-    eprintln!("bench: seeding a scratch event of {} seats", args.seats);
-    let seeded = seed(
-        &pool,
-        &SeedOptions { seats: args.seats, sponsor_seats: 0, event_name: "bench".into(), ..Default::default() },
-    )
-    .await?;
-    let event = EventId(seeded.event_id);
-    let outcome = measure(args, &pool, &ring, event, &tag, &work).await;
+    let outcome = async {
+        let pool = PgPool::connect(&url).await.context("connecting to the scratch schema")?;
+        crate::MIGRATOR.run(&pool).await.context("migrating the scratch schema")?;
+        eprintln!("bench: seeding a scratch event of {} seats in schema {schema}", args.seats);
+        let seeded = seed(
+            &pool,
+            &SeedOptions { seats: args.seats, sponsor_seats: 0, event_name: "bench".into(), ..Default::default() },
+        )
+        .await?;
+        let scratch = Scratch { url: &url, pool: &pool, ring: &ring, event: EventId(seeded.event_id), tag: &tag };
+        let figures = measure(args, &scratch, &work).await;
+        pool.close().await;
+        figures
+    }
+    .await;
 
     eprintln!("bench: cleaning up");
-    cleanup(&pool, args, event, &tag).await;
+    cleanup(&admin, args, &schema, &tag).await;
     let _ = std::fs::remove_dir_all(&work);
     let figures = outcome?;
 
@@ -100,14 +115,24 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn measure(
-    args: &BenchArgs,
-    pool: &PgPool,
-    ring: &Keyring,
+/// `url` with its search path set to `schema` alone, for this process's pool, the child server and pgbench.
+fn scratch_url(url: &str, schema: &str) -> anyhow::Result<String> {
+    anyhow::ensure!(!url.contains("options="), "DATABASE_URL already sets `options`; the bench needs to set its own");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    Ok(format!("{url}{sep}options=-c%20search_path%3D{schema}"))
+}
+
+/// What one run works in: the scratch schema's URL and pool, the seeded event, and the run's tag.
+struct Scratch<'a> {
+    url: &'a str,
+    pool: &'a PgPool,
+    ring: &'a Keyring,
     event: EventId,
-    tag: &str,
-    work: &std::path::Path,
-) -> anyhow::Result<Vec<Figure>> {
+    tag: &'a str,
+}
+
+async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path) -> anyhow::Result<Vec<Figure>> {
+    let Scratch { pool, ring, event, tag, .. } = *scratch;
     let prefix = &format!("bench-{tag}:");
     let seat_ids: Vec<i64> =
         sqlx::query_scalar("SELECT seat_id FROM seat_allocations WHERE event_id = $1 ORDER BY seat_id")
@@ -117,7 +142,7 @@ async fn measure(
     let (first, last) = (seat_ids[0], seat_ids[seat_ids.len() - 1]);
     anyhow::ensure!(last - first + 1 == seat_ids.len() as i64, "bench seats are not contiguous");
 
-    let mut server = ScratchServer::start(args, prefix)?;
+    let mut server = ScratchServer::start(args, scratch.url, prefix)?;
     server.wait_ready().await?;
     let base = format!("http://127.0.0.1:{}", args.port);
     // Warm the server's catalogue cache, so the first timed requests do not wait for the cold load.
@@ -197,7 +222,7 @@ async fn measure(
     eprintln!("bench: pgbench single-row INSERT");
     figures.push(Figure {
         what: "raw pgbench single-row INSERT",
-        per_second: pgbench(args, pool, work).await?,
+        per_second: pgbench(args, scratch.url, pool, work).await?,
         note: format!("pgbench -c{} (fsync on)", args.pgbench_clients),
     });
     Ok(figures)
@@ -210,12 +235,12 @@ struct ScratchServer {
 }
 
 impl ScratchServer {
-    fn start(args: &BenchArgs, prefix: &str) -> anyhow::Result<Self> {
+    fn start(args: &BenchArgs, database_url: &str, prefix: &str) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
         let child = Command::new(exe)
             .args(["serve", "--listen", &format!("127.0.0.1:{}", args.port), "--redis-key-prefix", prefix])
             .args(["--hold-ttl-ms", "600000"])
-            .env("DATABASE_URL", args.db.database_url.expose_secret())
+            .env("DATABASE_URL", database_url)
             .env("REDIS_URL", args.redis_url.expose_secret())
             .env("ADMISSION_KEYS", args.admission_keys.expose_secret())
             .env("RUST_LOG", "warn")
@@ -396,7 +421,7 @@ async fn prepare_holds(
 }
 
 /// pgbench of a single-row INSERT into a scratch table shaped like `order_seats`.
-async fn pgbench(args: &BenchArgs, pool: &PgPool, work: &std::path::Path) -> anyhow::Result<f64> {
+async fn pgbench(args: &BenchArgs, url: &str, pool: &PgPool, work: &std::path::Path) -> anyhow::Result<f64> {
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS bench_insert (id bigserial PRIMARY KEY, event_id bigint NOT NULL,
          seat_id bigint NOT NULL, account_id text NOT NULL, price_cents bigint NOT NULL,
@@ -413,10 +438,9 @@ async fn pgbench(args: &BenchArgs, pool: &PgPool, work: &std::path::Path) -> any
     let out = Command::new("pgbench")
         .args(["-n", "-c", &args.pgbench_clients.to_string(), "-j", "2", "-T", &args.seconds.to_string(), "-f"])
         .arg(&script)
-        .arg(args.db.database_url.expose_secret())
+        .arg(url)
         .output()
         .context("running pgbench")?;
-    sqlx::query("DROP TABLE IF EXISTS bench_insert").execute(pool).await?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         bail!("pgbench failed: {text}{}", String::from_utf8_lossy(&out.stderr));
@@ -428,36 +452,11 @@ async fn pgbench(args: &BenchArgs, pool: &PgPool, work: &std::path::Path) -> any
         .with_context(|| format!("no tps in pgbench output: {text}"))
 }
 
-/// Removes the scratch event (orders, allocations, venue) and its Redis keys.
-async fn cleanup(pool: &PgPool, args: &BenchArgs, event: EventId, tag: &str) {
+/// Drops the scratch schema (everything the run wrote to Postgres) and deletes its Redis keys.
+async fn cleanup(admin: &PgPool, args: &BenchArgs, schema: &str, tag: &str) {
     let prefix = format!("bench-{tag}:");
-    let _ = sqlx::query("DELETE FROM idempotency_keys WHERE account_id LIKE $1")
-        .bind(format!("bench{tag}-%"))
-        .execute(pool)
-        .await;
-    for sql in [
-        "DELETE FROM order_events WHERE event_id = $1",
-        "DELETE FROM payment_events WHERE order_id IN (SELECT id FROM orders WHERE event_id = $1)",
-        "DELETE FROM order_seats WHERE event_id = $1",
-        "DELETE FROM orders WHERE event_id = $1",
-    ] {
-        if let Err(e) = sqlx::query(sql).bind(event.0).execute(pool).await {
-            eprintln!("bench: cleanup step failed ({sql}): {e}");
-        }
-    }
-    let venue: Option<i64> = sqlx::query_scalar("SELECT venue_id FROM events WHERE id = $1")
-        .bind(event.0)
-        .fetch_optional(pool)
-        .await
-        .ok()
-        .flatten();
-    let _ = sqlx::query("DELETE FROM events WHERE id = $1").bind(event.0).execute(pool).await;
-    if let Some(v) = venue {
-        let _ = sqlx::query("DELETE FROM seats WHERE section_id IN (SELECT id FROM sections WHERE venue_id = $1)")
-            .bind(v)
-            .execute(pool)
-            .await;
-        let _ = sqlx::query("DELETE FROM venues WHERE id = $1").bind(v).execute(pool).await;
+    if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE"))).execute(admin).await {
+        eprintln!("bench: could not drop the scratch schema {schema}: {e}");
     }
     if let Ok(client) = redis::Client::open(args.redis_url.expose_secret())
         && let Ok(mut conn) = client.get_multiplexed_async_connection().await
