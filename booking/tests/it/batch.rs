@@ -257,3 +257,54 @@ async fn forty_concurrent_checkouts_through_http_all_succeed(pool: PgPool) {
     app.assert_invariants().await;
     app.stop().await;
 }
+
+/// Sequential scans of the tables every checkout looks up, so far (flushed from this connection first).
+async fn order_table_seq_scans(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.expect("flush");
+    sqlx::query_scalar(
+        "SELECT sum(seq_scan)::bigint FROM pg_stat_user_tables
+         WHERE relname IN ('orders', 'order_seats', 'idempotency_keys')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .expect("seq_scan")
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn checkouts_look_up_by_index_even_when_the_statistics_say_the_tables_are_empty(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let cur = currency(&app).await;
+    let seats = app.seats_on_sale().await;
+    let event = app.event;
+    // One connection, so the cached plans and the scan counters are that connection's.
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*app.pool.connect_options()).clone())
+        .await
+        .expect("one connection");
+    // Statistics of empty order tables: the plans made now are the ones a young database caches.
+    sqlx::query("ANALYZE orders, order_seats, idempotency_keys, order_events").execute(&one).await.expect("analyse");
+    let before = order_table_seq_scans(&mut one.acquire().await.expect("conn")).await;
+
+    // Alone, then in batches of 8 (the set-based path and, for the second order of an account, the slow one).
+    for (i, &seat) in seats[..4].iter().enumerate() {
+        let new = new_order(event, &cur, &format!("solo-{i}"), &[seat], &format!("k{i}"));
+        assert!(matches!(orders::checkout(&one, &new).await, Ok(Checkout::Created(_))));
+    }
+    for (b, chunk) in seats[4..68].chunks(8).enumerate() {
+        let news: Vec<NewOrder> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, &seat)| {
+                new_order(event, &cur, &format!("fan-{}", (b * 8 + i) % 40), &[seat], &format!("b{b}-{i}"))
+            })
+            .collect();
+        let settled = orders::checkout_batch(&one, &news).await.expect("batch");
+        assert!(settled.iter().all(|s| matches!(s, Ok(Checkout::Created(_)))), "{settled:?}");
+    }
+
+    let after = order_table_seq_scans(&mut one.acquire().await.expect("conn")).await;
+    assert_eq!(after - before, 0, "checkouts scanned an order table whole ({} scans)", after - before);
+    one.close().await;
+    app.stop().await;
+}
