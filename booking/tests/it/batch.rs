@@ -271,25 +271,40 @@ async fn order_table_seq_scans(conn: &mut sqlx::PgConnection) -> i64 {
 }
 
 #[sqlx::test(migrations = "../migrations")]
-async fn checkouts_look_up_by_index_even_when_the_statistics_say_the_tables_are_empty(pool: PgPool) {
-    let app = TestApp::spawn(pool).await;
-    let cur = currency(&app).await;
-    let seats = app.seats_on_sale().await;
-    let event = app.event;
-    // One connection, so the cached plans and the scan counters are that connection's.
+async fn orders_are_looked_up_by_index_even_when_the_statistics_say_the_tables_are_empty(pool: PgPool) {
+    // No booking server (its sweeper would query the same tables meanwhile): the store's functions on one
+    // connection, so the cached plans and the scan counters are that connection's alone.
+    let seeded =
+        booking::seed::seed(&pool, &booking::seed::SeedOptions { seats: 500, sponsor_seats: 0, ..Default::default() })
+            .await
+            .expect("seed");
+    let event = seeded.event_id;
     let one = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
-        .connect_with((*app.pool.connect_options()).clone())
+        .connect_with((*pool.connect_options()).clone())
         .await
         .expect("one connection");
+    let cur: String = sqlx::query_scalar("SELECT currency::text FROM events WHERE id = $1")
+        .bind(event)
+        .fetch_one(&one)
+        .await
+        .expect("currency");
+    let seats: Vec<i64> =
+        sqlx::query_scalar("SELECT seat_id FROM seat_allocations WHERE event_id = $1 ORDER BY seat_id LIMIT 100")
+            .bind(event)
+            .fetch_all(&one)
+            .await
+            .expect("seats");
     // Statistics of empty order tables: the plans made now are the ones a young database caches.
     sqlx::query("ANALYZE orders, order_seats, idempotency_keys, order_events").execute(&one).await.expect("analyse");
-    let before = order_table_seq_scans(&mut one.acquire().await.expect("conn")).await;
+    let scans = || async { order_table_seq_scans(&mut one.acquire().await.expect("conn")).await };
+    let before = scans().await;
 
     // Alone, then in batches of 8 (the set-based path and, for the second order of an account, the slow one).
+    let mut ids = Vec::new();
     for (i, &seat) in seats[..4].iter().enumerate() {
         let new = new_order(event, &cur, &format!("solo-{i}"), &[seat], &format!("k{i}"));
-        assert!(matches!(orders::checkout(&one, &new).await, Ok(Checkout::Created(_))));
+        ids.push(created(&orders::checkout(&one, &new).await).id.0);
     }
     for (b, chunk) in seats[4..68].chunks(8).enumerate() {
         let news: Vec<NewOrder> = chunk
@@ -300,11 +315,40 @@ async fn checkouts_look_up_by_index_even_when_the_statistics_say_the_tables_are_
             })
             .collect();
         let settled = orders::checkout_batch(&one, &news).await.expect("batch");
-        assert!(settled.iter().all(|s| matches!(s, Ok(Checkout::Created(_)))), "{settled:?}");
+        ids.extend(settled.iter().map(|s| created(s).id.0));
     }
-
-    let after = order_table_seq_scans(&mut one.acquire().await.expect("conn")).await;
+    let after = scans().await;
     assert_eq!(after - before, 0, "checkouts scanned an order table whole ({} scans)", after - before);
+
+    // The lifecycle's step, as payments and cancellations run it: 20 orders paid, 10 cancelled.
+    for (i, id) in ids[..30].iter().enumerate() {
+        let (to, reason) = if i < 20 { ("paid", None) } else { ("cancelled", Some("operator")) };
+        let moved: bool = sqlx::query_scalar("SELECT transition_order($1, 'reserved', $2, $3, $4)")
+            .bind(id)
+            .bind(to)
+            .bind(reason)
+            .bind(format!("order.{to}"))
+            .fetch_one(&one)
+            .await
+            .expect("transition");
+        assert!(moved, "order {id} did not move to {to}");
+    }
+    let moved = scans().await;
+    assert_eq!(moved - after, 0, "order transitions scanned an order table whole ({} scans)", moved - after);
+
+    // And the expiry of 10 unpaid orders past their deadline (the deadline moved by the test, outside the count).
+    sqlx::query("UPDATE orders SET payment_due_at = now() - interval '1 second' WHERE id = ANY ($1)")
+        .bind(&ids[30..40])
+        .execute(&one)
+        .await
+        .expect("deadline");
+    let due = scans().await;
+    for id in &ids[30..40] {
+        let expired: bool =
+            sqlx::query_scalar("SELECT expire_order($1)").bind(id).fetch_one(&one).await.expect("expire");
+        assert!(expired, "order {id} did not expire");
+    }
+    let expired = scans().await;
+    assert_eq!(expired - due, 0, "expiries scanned an order table whole ({} scans)", expired - due);
     one.close().await;
-    app.stop().await;
 }
