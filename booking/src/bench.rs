@@ -96,7 +96,13 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         // Statistics taken now, with the order tables empty: the worst case for plans cached per connection
         // (a young database), which the checkout functions must survive (migration 008), and no autovacuum
         // analysing the seeded tables in the middle of a run.
-        sqlx::query("ANALYZE").execute(&pool).await.context("analysing the scratch schema")?;
+        sqlx::query(
+            "ANALYZE venues, sections, seats, events, ticket_types, seat_allocations, orders, order_seats,
+             idempotency_keys, order_events, payment_events",
+        )
+        .execute(&pool)
+        .await
+        .context("analysing the scratch schema")?;
         let scratch = Scratch { url: &url, pool: &pool, ring: &ring, event: EventId(seeded.event_id), tag: &tag };
         let figures = measure(args, &scratch, &work).await;
         pool.close().await;
