@@ -6,6 +6,7 @@ use std::time::Duration;
 use booking::domain::{EventId, HoldToken, SeatId};
 use booking::store::batcher::CheckoutBatcher;
 use booking::store::orders::{self, Answer, Checkout, CheckoutError, NewOrder};
+use booking::store::outbox;
 use futures::future::join_all;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -258,21 +259,50 @@ async fn forty_concurrent_checkouts_through_http_all_succeed(pool: PgPool) {
     app.stop().await;
 }
 
-/// Sequential scans of the tables every checkout looks up, so far (flushed from this connection first).
-async fn order_table_seq_scans(conn: &mut sqlx::PgConnection) -> i64 {
+/// How much of the order tables has been read so far (flushed from this connection first).
+#[derive(Debug, Clone, Copy)]
+struct Reads {
+    /// Sequential scans of the order tables.
+    seq_scans: i64,
+    /// Index entries read from the order tables' indexes.
+    index_entries: i64,
+}
+
+impl std::ops::Sub for Reads {
+    type Output = Reads;
+    fn sub(self, before: Reads) -> Reads {
+        Reads { seq_scans: self.seq_scans - before.seq_scans, index_entries: self.index_entries - before.index_entries }
+    }
+}
+
+async fn order_table_reads(conn: &mut sqlx::PgConnection) -> Reads {
     // Postgres 15 and later flush this connection's counters on demand. Before 15 a backend sends them to the
     // statistics collector at most every 500 ms, at the end of a statement: wait that out, then send them.
     if sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.is_err() {
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await.expect("send the counters");
     }
-    sqlx::query_scalar(
-        "SELECT sum(seq_scan)::bigint FROM pg_stat_user_tables
-         WHERE relname IN ('orders', 'order_seats', 'idempotency_keys')",
+    let (seq_scans, index_entries): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT sum(seq_scan) FROM pg_stat_user_tables
+                 WHERE relname IN ('orders', 'order_seats', 'idempotency_keys', 'order_events'))::bigint,
+                (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes
+                 WHERE relname IN ('orders', 'order_seats', 'idempotency_keys', 'order_events'))::bigint",
     )
     .fetch_one(&mut *conn)
     .await
-    .expect("seq_scan")
+    .expect("read counters");
+    Reads { seq_scans, index_entries }
+}
+
+/// Asserts that a phase of `ops` operations scanned no order table whole and read at most `per_op` index
+/// entries an operation: a lookup by the wrong index walks every seat sold, which is far more.
+fn assert_looked_up(phase: &str, reads: Reads, ops: i64, per_op: i64) {
+    assert_eq!(reads.seq_scans, 0, "{phase} scanned an order table whole ({} scans)", reads.seq_scans);
+    assert!(
+        reads.index_entries <= ops * per_op,
+        "{phase} read {} index entries for {ops} operations (at most {per_op} each expected)",
+        reads.index_entries
+    );
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -295,35 +325,39 @@ async fn orders_are_looked_up_by_index_even_when_the_statistics_say_the_tables_a
         .await
         .expect("currency");
     let seats: Vec<i64> =
-        sqlx::query_scalar("SELECT seat_id FROM seat_allocations WHERE event_id = $1 ORDER BY seat_id LIMIT 100")
+        sqlx::query_scalar("SELECT seat_id FROM seat_allocations WHERE event_id = $1 ORDER BY seat_id LIMIT 200")
             .bind(event)
             .fetch_all(&one)
             .await
             .expect("seats");
     // Statistics of empty order tables: the plans made now are the ones a young database caches.
     sqlx::query("ANALYZE orders, order_seats, idempotency_keys, order_events").execute(&one).await.expect("analyse");
-    let scans = || async { order_table_seq_scans(&mut one.acquire().await.expect("conn")).await };
-    let before = scans().await;
-
-    // Alone, then in batches of 8 (the set-based path and, for the second order of an account, the slow one).
+    let reads = || async { order_table_reads(&mut one.acquire().await.expect("conn")).await };
     let mut ids = Vec::new();
-    for (i, &seat) in seats[..4].iter().enumerate() {
-        let new = new_order(event, &cur, &format!("solo-{i}"), &[seat], &format!("k{i}"));
-        ids.push(created(&orders::checkout(&one, &new).await).id.0);
-    }
-    for (b, chunk) in seats[4..68].chunks(8).enumerate() {
+
+    // In batches of 16 (the set-based path and, for an account's later orders, the slow one), 128 seats sold.
+    let before = reads().await;
+    for (b, chunk) in seats[..128].chunks(16).enumerate() {
         let news: Vec<NewOrder> = chunk
             .iter()
             .enumerate()
             .map(|(i, &seat)| {
-                new_order(event, &cur, &format!("fan-{}", (b * 8 + i) % 40), &[seat], &format!("b{b}-{i}"))
+                new_order(event, &cur, &format!("fan-{}", (b * 16 + i) % 40), &[seat], &format!("b{b}-{i}"))
             })
             .collect();
         let settled = orders::checkout_batch(&one, &news).await.expect("batch");
         ids.extend(settled.iter().map(|s| created(s).id.0));
     }
-    let after = scans().await;
-    assert_eq!(after - before, 0, "checkouts scanned an order table whole ({} scans)", after - before);
+    let batched = reads().await;
+    assert_looked_up("checkouts in batches", batched - before, 128, 12);
+
+    // Alone, with 128 seats of the event sold: each basket's seats are looked up, not the event's.
+    for (i, &seat) in seats[128..132].iter().enumerate() {
+        let new = new_order(event, &cur, &format!("solo-{i}"), &[seat], &format!("k{i}"));
+        ids.push(created(&orders::checkout(&one, &new).await).id.0);
+    }
+    let alone = reads().await;
+    assert_looked_up("checkouts alone", alone - batched, 4, 12);
 
     // The lifecycle's step, as payments and cancellations run it: 20 orders paid, 10 cancelled.
     for (i, id) in ids[..30].iter().enumerate() {
@@ -338,22 +372,51 @@ async fn orders_are_looked_up_by_index_even_when_the_statistics_say_the_tables_a
             .expect("transition");
         assert!(moved, "order {id} did not move to {to}");
     }
-    let moved = scans().await;
-    assert_eq!(moved - after, 0, "order transitions scanned an order table whole ({} scans)", moved - after);
+    let moved = reads().await;
+    assert_looked_up("order transitions", moved - alone, 30, 16);
 
-    // And the expiry of 10 unpaid orders past their deadline (the deadline moved by the test, outside the count).
-    sqlx::query("UPDATE orders SET payment_due_at = now() - interval '1 second' WHERE id = ANY ($1)")
-        .bind(&ids[30..40])
-        .execute(&one)
-        .await
-        .expect("deadline");
-    let due = scans().await;
-    for id in &ids[30..40] {
+    // Unpaid orders past their deadline (moved by the test, outside the counts): 10 expired by the sweeper's
+    // step, and 4 whose seats new checkouts take over (freeing them on the way).
+    let (swept, stale) = (&ids[30..40], &ids[40..44]);
+    for moved_back in [
+        "UPDATE orders SET payment_due_at = now() - interval '1 second' WHERE id = ANY ($1)",
+        "UPDATE order_seats SET expires_at = now() - interval '1 second' WHERE order_id = ANY ($1)",
+    ] {
+        sqlx::query(moved_back).bind(&ids[30..44]).execute(&one).await.expect("deadline");
+    }
+    let due = reads().await;
+    for id in swept {
         let expired: bool =
             sqlx::query_scalar("SELECT expire_order($1)").bind(id).fetch_one(&one).await.expect("expire");
         assert!(expired, "order {id} did not expire");
     }
-    let expired = scans().await;
-    assert_eq!(expired - due, 0, "expiries scanned an order table whole ({} scans)", expired - due);
+    let expired = reads().await;
+    assert_looked_up("expiries", expired - due, 10, 16);
+    for (i, &seat) in seats[40..44].iter().enumerate() {
+        let new = new_order(event, &cur, &format!("late-{i}"), &[seat], &format!("late-{i}"));
+        created(&orders::checkout(&one, &new).await);
+    }
+    let taken_over = reads().await;
+    assert_looked_up("checkouts of seats in stale orders", taken_over - expired, 4, 24);
+    let statuses: Vec<String> =
+        sqlx::query_scalar("SELECT status || '/' || cancel_reason FROM orders WHERE id = ANY ($1) ORDER BY id")
+            .bind(stale)
+            .fetch_all(&one)
+            .await
+            .expect("statuses");
+    assert_eq!(statuses, ["cancelled/expired"; 4], "the stale orders were freed on the way");
+
+    // The outbox relay publishes every row written above, then finds nothing left.
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM order_events").fetch_one(&one).await.expect("events");
+    let counted = reads().await;
+    let redis = redis::Client::open(std::env::var("REDIS_URL").expect("REDIS_URL")).expect("redis url");
+    let mut conn = redis::aio::ConnectionManager::new(redis).await.expect("redis");
+    let stream = outbox::Stream { key: format!("test-{}:outbox:orders", Uuid::new_v4()), max_len: 0 };
+    let published = outbox::relay_batch(&one, &mut conn, &stream, 10_000, |_| {}).await.expect("relay");
+    assert_eq!(published as i64, events);
+    assert_eq!(outbox::relay_batch(&one, &mut conn, &stream, 10_000, |_| {}).await.expect("relay again"), 0);
+    let relayed = reads().await;
+    assert_looked_up("the outbox relay", relayed - counted, events, 4);
+    let _: () = redis::cmd("DEL").arg(&stream.key).query_async(&mut conn).await.expect("drop the stream");
     one.close().await;
 }
