@@ -20,7 +20,7 @@ use crate::store::orders::rfc3339;
 #[serde(deny_unknown_fields)]
 pub struct HoldRequest {
     /// The seats to hold, all or none. At most the basket cap (default 8), no duplicates.
-    #[schema(min_items = 1)]
+    #[schema(min_items = 1, value_type = std::collections::BTreeSet<i64>)]
     #[serde(deserialize_with = "whole_numbers")]
     pub seat_ids: Vec<i64>,
 }

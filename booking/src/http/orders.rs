@@ -23,7 +23,8 @@ use crate::domain::{Catalogue, EventId, HoldToken, SeatId};
 use crate::store::holds::{HoldCheck, HoldRecord, OrderSeats, Until};
 use crate::store::orders::{self, Answer, Checkout, CheckoutError, NewOrder, Order, Recorded, rfc3339};
 
-/// Longest accepted idempotency key.
+/// Longest accepted idempotency key (also written out in `create_order`'s OpenAPI header parameter; the bad-input
+/// test holds both to it).
 const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -96,7 +97,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
 #[utoipa::path(post, path = "/events/{event_id}/orders", tag = "orders",
     params(
         ("event_id" = i64, Path, minimum = 1, description = "event id"),
-        ("Idempotency-Key" = String, Header, description = "client-chosen key; the same key and body replay the same answer"),
+        ("Idempotency-Key" = String, Header, min_length = 1, max_length = 255, pattern = "^[!-~]+$",
+            description = "client-chosen key of 1 to 255 visible ASCII characters; the same key and body replay the same answer"),
     ),
     request_body = OrderRequest,
     security(("admission" = [])),

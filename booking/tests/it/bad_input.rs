@@ -232,15 +232,36 @@ async fn bad_input_gets_a_clear_4xx_and_writes_nothing(pool: PgPool) {
             status: 400,
             code: "idempotency_key_missing",
         },
+        // The bounds booking/openapi.json documents for the key: 1 to 255 visible ASCII characters.
         Case {
-            name: "checkout with a key too long",
+            name: "checkout with a key one character too long",
             req: c
                 .post(&orders)
                 .bearer_auth(&proof)
-                .header("Idempotency-Key", "k".repeat(300))
+                .header("Idempotency-Key", "k".repeat(256))
                 .json(&json!({"hold_token": uuid::Uuid::new_v4()})),
             status: 400,
             code: "idempotency_key_invalid",
+        },
+        Case {
+            name: "checkout with a key holding a space",
+            req: c
+                .post(&orders)
+                .bearer_auth(&proof)
+                .header("Idempotency-Key", "two words")
+                .json(&json!({"hold_token": uuid::Uuid::new_v4()})),
+            status: 400,
+            code: "idempotency_key_invalid",
+        },
+        Case {
+            name: "checkout with the longest key, for a hold that does not exist",
+            req: c
+                .post(&orders)
+                .bearer_auth(&proof)
+                .header("Idempotency-Key", "!~".repeat(127) + "k")
+                .json(&json!({"hold_token": uuid::Uuid::new_v4()})),
+            status: 409,
+            code: "hold_expired",
         },
         Case {
             name: "checkout with non-uuid hold",
