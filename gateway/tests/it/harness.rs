@@ -135,6 +135,10 @@ impl GatewayProcess {
             ("--redis-url", node.redis_url.clone()),
             ("--redis-key-prefix", node.prefix.clone()),
             ("--tick-ms", "100".to_owned()),
+            // The tests share two cores with each other and with Postgres: a Redis call may wait behind them for
+            // more than the 500 ms a deployment allows (a CI run once saw 500 simultaneous joins time out). No
+            // test waits on this timeout: the one that stops Redis kills it, so its calls fail at once.
+            ("--redis-timeout-ms", "5000".to_owned()),
             ("--availability-poll-ms", "200".to_owned()),
             // Limits out of the way unless a test sets them.
             ("--ip-rps", "100000".to_owned()),
