@@ -50,7 +50,7 @@ pub struct TestApp {
     provider_server: tokio::task::JoinHandle<()>,
 }
 
-fn redis_url() -> String {
+pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| {
         panic!("REDIS_URL is not set: run the tests with `deploy/test`, which starts Postgres and Redis")
     })
