@@ -202,7 +202,7 @@ pub struct Order {
 /// Nothing is written unless the whole basket is.
 pub async fn checkout(pool: &PgPool, new: &NewOrder) -> Result<Checkout, CheckoutError> {
     let seat_ids: Vec<i64> = new.seats.iter().map(|s| s.0).collect();
-    let rows = sqlx::query("SELECT * FROM checkout_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+    let query = sqlx::query("SELECT * FROM checkout_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
         .bind(Uuid::new_v4())
         .bind(new.event.0)
         .bind(&new.account)
@@ -212,10 +212,8 @@ pub async fn checkout(pool: &PgPool, new: &NewOrder) -> Result<Checkout, Checkou
         .bind(f64::from(new.payment_window_seconds))
         .bind(new.cap())
         .bind(&new.idempotency_key)
-        .bind(&new.fingerprint)
-        .fetch_all(pool)
-        .await;
-    match rows {
+        .bind(&new.fingerprint);
+    match fetch_settled(pool, query).await {
         Ok(rows) => outcome(new.event, &rows),
         Err(sqlx::Error::Database(db)) if db.code().is_some() => {
             let (code, constraint) = (db.code().unwrap_or_default().into_owned(), db.constraint().map(str::to_owned));
@@ -251,7 +249,7 @@ pub async fn checkout_batch(
         }
     }
     let orders: Vec<Uuid> = batch.iter().map(|_| Uuid::new_v4()).collect();
-    let rows = sqlx::query("SELECT * FROM checkout_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+    let query = sqlx::query("SELECT * FROM checkout_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
         .bind(first.event.0)
         .bind(&first.currency)
         .bind(f64::from(first.payment_window_seconds))
@@ -262,9 +260,8 @@ pub async fn checkout_batch(
         .bind(&keys)
         .bind(&fingerprints)
         .bind(&seat_items)
-        .bind(&seat_ids)
-        .fetch_all(pool)
-        .await?;
+        .bind(&seat_ids);
+    let rows = fetch_settled(pool, query).await?;
     let mut per_item: Vec<Vec<PgRow>> = batch.iter().map(|_| Vec::new()).collect();
     for row in rows {
         let item: i32 = row.try_get("item")?;
@@ -290,6 +287,24 @@ pub async fn checkout_batch(
         });
     }
     Ok(settled)
+}
+
+/// Runs a checkout statement on a connection of its own and, when it fails, returns only once Postgres has rolled
+/// it back. Postgres reports a statement's error before it aborts the transaction, and until then the transaction
+/// still holds its locks, the idempotency keys' among them: a retry sent at once on another connection (a failed
+/// batch's checkouts run one by one, a client's immediate retry) could find its own key "in flight". The
+/// ReadyForQuery that the ping waits for comes after the rollback.
+async fn fetch_settled(
+    pool: &PgPool,
+    query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Result<Vec<PgRow>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let rows = query.fetch_all(&mut *conn).await;
+    if rows.is_err() {
+        // A failed ping is a lost connection: Postgres rolls its transaction back on its own.
+        let _ = sqlx::Connection::ping(&mut *conn).await;
+    }
+    rows
 }
 
 /// What `checkout_order` answered, from its rows.
