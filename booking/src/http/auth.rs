@@ -18,8 +18,12 @@ use crate::domain::EventId;
 pub struct Proof(pub Arc<AdmissionClaims>);
 
 impl Proof {
-    /// The admitted account, if the proof is for `event`.
+    /// The admitted account, if the proof is for `event`. An id no event can have is a bad path (400), as the
+    /// gateway answers it, not a proof for another event (403).
     pub fn account_for(&self, event: EventId) -> Result<&AccountId, ApiError> {
+        if event.0 <= 0 {
+            return Err(ApiError::bad_request("invalid_path", "event_id must be a positive integer"));
+        }
         self.0.account_for(event.0).map_err(refused)
     }
 }

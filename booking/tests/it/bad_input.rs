@@ -161,6 +161,12 @@ async fn bad_input_gets_a_clear_4xx_and_writes_nothing(pool: PgPool) {
             code: "invalid_path",
         },
         Case {
+            name: "negative event id, with a proof for a real event",
+            req: c.post(app.url("/events/-1/holds")).bearer_auth(&proof).json(&json!({"seat_ids": [1]})),
+            status: 400,
+            code: "invalid_path",
+        },
+        Case {
             name: "event id beyond i64",
             req: c.get(app.url("/events/99999999999999999999")).bearer_auth(&proof),
             status: 400,
