@@ -61,6 +61,8 @@ struct Figure {
     what: &'static str,
     per_second: f64,
     note: String,
+    /// The servers' CPU per operation during the phase, by process (steadier than throughput on a shared box).
+    cpu: Option<String>,
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -124,6 +126,11 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     for f in &figures {
         println!("{:<58} {:>12.0}  {}", f.what, f.per_second, f.note);
     }
+    println!();
+    println!("server CPU per operation (from /proc; clients not counted):");
+    for f in figures.iter().filter(|f| f.cpu.is_some()) {
+        println!("  {:<56} {}", f.what, f.cpu.as_deref().unwrap_or_default());
+    }
     let holds = figures[0].per_second / figures[1].per_second;
     let checkouts = figures[2].per_second / figures[3].per_second;
     println!();
@@ -182,6 +189,7 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
     let script = work.join("holds.lua");
     std::fs::write(&script, include_str!("../bench/holds.lua"))?;
     eprintln!("bench: holds through booking for {} s", args.seconds);
+    let cpu = CpuMeter::start(server.pid());
     let out = wrk(
         args,
         &script,
@@ -201,14 +209,18 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
             field(&out, "p50_us")?,
             field(&out, "p99_us")?
         ),
+        cpu: Some(cpu.per_op(granted)),
     });
 
     // Phase 2: the same script straight at Redis.
     eprintln!("bench: redis-benchmark EVALSHA of lua/acquire_hold.lua");
+    let cpu = CpuMeter::start(None);
+    let per_second = redis_benchmark(args).await?;
     figures.push(Figure {
         what: "raw redis-benchmark EVALSHA acquire_hold.lua",
-        per_second: redis_benchmark(args).await?,
+        per_second,
         note: format!("redis-benchmark -c{}", args.connections),
+        cpu: Some(cpu.per_op(per_second * args.seconds as f64)),
     });
 
     // Phase 3: checkouts through booking, of holds prepared untimed (one seat each, one per account).
@@ -218,6 +230,7 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
     let script = work.join("checkouts.lua");
     std::fs::write(&script, include_str!("../bench/checkouts.lua"))?;
     eprintln!("bench: checkouts through booking for {} s", args.seconds);
+    let cpu = CpuMeter::start(server.pid());
     let out = wrk(args, &script, &base, &[&event.0.to_string(), &holds_file.to_string_lossy()])?;
     let created = field(&out, "created")?;
     if created as usize >= args.checkout_holds {
@@ -232,15 +245,19 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
             field(&out, "p50_us")?,
             field(&out, "p99_us")?
         ),
+        cpu: Some(cpu.per_op(created)),
     });
     server.stop();
 
     // Phase 4: pgbench, single-row INSERT into a table shaped like order_seats.
     eprintln!("bench: pgbench single-row INSERT");
+    let cpu = CpuMeter::start(None);
+    let per_second = pgbench(args, scratch.url, pool, work).await?;
     figures.push(Figure {
         what: "raw pgbench single-row INSERT",
-        per_second: pgbench(args, scratch.url, pool, work).await?,
+        per_second,
         note: format!("pgbench -c{} (fsync on)", args.pgbench_clients),
+        cpu: Some(cpu.per_op(per_second * args.seconds as f64)),
     });
     Ok(figures)
 }
@@ -252,6 +269,10 @@ struct ScratchServer {
 }
 
 impl ScratchServer {
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     fn start(args: &BenchArgs, database_url: &str, prefix: &str) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
         let child = Command::new(exe)
@@ -304,6 +325,71 @@ impl Drop for ScratchServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// CPU the servers of a phase spent, read from `/proc`: the scratch booking server (when there is one), every
+/// `postgres` process on the machine (with the backends that exited meanwhile, which their postmaster's
+/// children's times collect) and every `redis-server`. Linux only; elsewhere the figures read as zero.
+struct CpuMeter {
+    booking: Option<u32>,
+    start: [u64; 3],
+}
+
+impl CpuMeter {
+    fn start(booking: Option<u32>) -> Self {
+        Self { booking, start: Self::ticks(booking) }
+    }
+
+    /// Clock ticks so far: booking, Postgres, Redis.
+    fn ticks(booking: Option<u32>) -> [u64; 3] {
+        let mut t = [0; 3];
+        let Ok(dir) = std::fs::read_dir("/proc") else { return t };
+        for entry in dir.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            // "pid (comm) state ppid ...": the fields after the command name, which may hold spaces.
+            let Some((head, rest)) = stat.rsplit_once(") ") else { continue };
+            let comm = head.split_once(" (").map_or("", |(_, c)| c);
+            let f: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap_or(0)).collect();
+            // utime, stime, cutime, cstime are fields 14-17 of the line, 12-15 here.
+            let (own, children) = (f[11] + f[12], f[13] + f[14]);
+            let slot = match comm {
+                _ if Some(pid) == booking => 0,
+                "postgres" if is_postmaster(f[1]) => {
+                    t[1] += children;
+                    1
+                }
+                "postgres" => 1,
+                "redis-server" => 2,
+                _ => continue,
+            };
+            t[slot] += own;
+        }
+        t
+    }
+
+    /// "booking N µs, Postgres N µs, Redis N µs" per operation since the start.
+    fn per_op(&self, ops: f64) -> String {
+        let end = Self::ticks(self.booking);
+        let tick_us = 1e6 / clock_ticks_per_second();
+        let us = |i: usize| end[i].saturating_sub(self.start[i]) as f64 * tick_us / ops.max(1.0);
+        let booking = self.booking.map(|_| format!("booking {:.0} µs, ", us(0))).unwrap_or_default();
+        format!("{booking}Postgres {:.0} µs, Redis {:.0} µs", us(1), us(2))
+    }
+}
+
+/// Whether `pid` is a postmaster: a `postgres` process whose parent is not one.
+fn is_postmaster(parent: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{parent}/comm")).is_ok_and(|c| c.trim() != "postgres")
+}
+
+fn clock_ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
 }
 
 /// One `GET /events/{id}` over a raw socket (booking has no HTTP client dependency), answered 200.
