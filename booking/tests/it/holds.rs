@@ -316,3 +316,40 @@ async fn fans_opening_the_map_together_share_one_build_until_it_expires(pool: Pg
     let held = later.body["seats"].as_array().expect("seats").iter().find(|s| s["seat_id"] == seats[0]).expect("seat");
     assert_eq!(held["status"], "held");
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_map_is_gzipped_for_clients_that_accept_it_and_says_the_same(pool: PgPool) {
+    use std::io::Read;
+    let app = TestApp::spawn_with(pool, &["--seat-map-cache-ms", "60000"]).await;
+    let seats = app.seats_on_sale().await;
+    assert_eq!(app.hold("fan-b", &[seats[0]]).await.status, 201);
+    let get = |encoding: &'static str| {
+        let url = app.url(&format!("/events/{}/seats", app.event));
+        let req = app.client.get(url).bearer_auth(app.proof("fan-a")).header("accept-encoding", encoding);
+        async move {
+            let res = req.send().await.expect("request reached the server");
+            let headers = res.headers().clone();
+            (res.status().as_u16(), headers, res.bytes().await.expect("body"))
+        }
+    };
+    // Fetched together, so one build answers every encoding.
+    let (plain, zipped, star, refused) = tokio::join!(get("identity"), get("gzip, br"), get("*"), get("gzip;q=0"));
+    for (status, headers, _) in [&plain, &zipped, &star, &refused] {
+        assert_eq!(*status, 200);
+        assert_eq!(headers["vary"], "accept-encoding");
+    }
+    assert!(plain.1.get("content-encoding").is_none() && refused.1.get("content-encoding").is_none());
+    assert_eq!(
+        (&zipped.1["content-encoding"], &star.1["content-encoding"]),
+        (&"gzip".parse().expect("hv"), &"gzip".parse().expect("hv"))
+    );
+    assert!(zipped.2.len() * 5 < plain.2.len(), "gzip {} bytes, plain {}", zipped.2.len(), plain.2.len());
+    let mut unzipped = Vec::new();
+    flate2::read::GzDecoder::new(&zipped.2[..]).read_to_end(&mut unzipped).expect("a gzip stream");
+    let (a, b): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_slice(&unzipped).expect("json"), serde_json::from_slice(&plain.2).expect("json"));
+    assert_eq!(a, b, "the gzipped map is the same map");
+    let held = a["seats"].as_array().expect("seats").iter().find(|s| s["seat_id"] == seats[0]).expect("seat");
+    assert_eq!(held["status"], "held");
+    app.stop().await;
+}
