@@ -203,12 +203,7 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
     figures.push(Figure {
         what: "holds through booking (HTTP + JWT + EVALSHA), 201s",
         per_second: granted / args.seconds as f64,
-        note: format!(
-            "wrk -c{}, p50 {} us, p99 {} us",
-            args.connections,
-            field(&out, "p50_us")?,
-            field(&out, "p99_us")?
-        ),
+        note: wrk_note(args, &out)?,
         cpu: Some(cpu.per_op(granted)),
     });
 
@@ -240,12 +235,7 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
     figures.push(Figure {
         what: "checkouts through booking (Redis verify + Postgres tx), 201s",
         per_second: created / args.seconds as f64,
-        note: format!(
-            "wrk -c{}, p50 {} us, p99 {} us",
-            args.connections,
-            field(&out, "p50_us")?,
-            field(&out, "p99_us")?
-        ),
+        note: wrk_note(args, &out)?,
         cpu: Some(cpu.per_op(created)),
     });
     server.stop();
@@ -442,6 +432,21 @@ fn wrk(args: &BenchArgs, script: &std::path::Path, base: &str, script_args: &[&s
         bail!("wrk failed: {}{}", text, String::from_utf8_lossy(&out.stderr));
     }
     Ok(text)
+}
+
+/// A wrk phase's note: connections, latency, and whatever did not go as asked (answers other than the one
+/// counted, with the first such status, and wrk's socket errors, timeouts included).
+fn wrk_note(args: &BenchArgs, out: &str) -> anyhow::Result<String> {
+    let mut note =
+        format!("wrk -c{}, p50 {} us, p99 {} us", args.connections, field(out, "p50_us")?, field(out, "p99_us")?);
+    let other = field(out, "other")?;
+    if other > 0.0 {
+        note += &format!("; {other} other answers (first: {})", field(out, "first_other")?);
+    }
+    if let Some(errors) = out.lines().find_map(|l| l.trim().strip_prefix("Socket errors: ")) {
+        note += &format!("; socket errors: {errors}");
+    }
+    Ok(note)
 }
 
 /// Reads `name=<number>` from the `BENCH` line a wrk script prints.
