@@ -61,7 +61,7 @@ struct Figure {
     what: &'static str,
     per_second: f64,
     note: String,
-    /// The servers' CPU per operation during the phase, by process (steadier than throughput on a shared box).
+    /// The servers' CPU per operation during the phase, by process: where an operation's cost goes.
     cpu: Option<String>,
 }
 
