@@ -354,8 +354,11 @@ impl CpuMeter {
             let Some((head, rest)) = stat.rsplit_once(") ") else { continue };
             let comm = head.split_once(" (").map_or("", |(_, c)| c);
             let f: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap_or(0)).collect();
-            // utime, stime, cutime, cstime are fields 14-17 of the line, 12-15 here.
-            let (own, children) = (f[11] + f[12], f[13] + f[14]);
+            // utime, stime, cutime, cstime: fields 14-17 of the line, indices 11-14 of what follows the name.
+            let [own, children] = match f.get(11..15) {
+                Some(&[utime, stime, cutime, cstime]) => [utime + stime, cutime + cstime],
+                _ => continue,
+            };
             let slot = match comm {
                 _ if Some(pid) == booking => 0,
                 "postgres" if is_postmaster(f[1]) => {
