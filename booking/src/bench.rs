@@ -320,9 +320,9 @@ impl Drop for ScratchServer {
 }
 
 /// Starts a timed Postgres phase just after a checkpoint, so both phases begin alike (every page's first change
-/// writes its full image again) and a checkpoint set off by the seeding's WAL (about 500 MB a run, against
-/// `max_wal_size`'s default 1 GB: the server log showed one starting in every run) does not land in the middle
-/// of one phase and not the other. Needs the `pg_checkpoint` role (`deploy/stack up` grants it); without it
+/// writes its full image again) and a checkpoint set off by the runs' WAL (the server log showed one starting
+/// every one or two runs, each about 530 MB of WAL after the last) does not land in the middle of one phase
+/// and not the other. Needs the `pg_checkpoint` role (`deploy/stack up` grants it); without it
 /// the run goes on, with a warning.
 async fn checkpoint(pool: &PgPool) {
     if let Err(e) = sqlx::query("CHECKPOINT").execute(pool).await {
