@@ -41,24 +41,9 @@ function request()
 end
 
 function response(status, headers, body)
-  if status == 201 then
-    created = created + 1
-  elseif status ~= 200 then
-    -- Anything else (but a 200 from /healthz) is reported, so a run that went wrong does not pass for a
-    -- slow one.
-    other = (other or 0) + 1
-    if (first_other or 0) == 0 then first_other = status end
-  end
+  if counted(status) then created = created + 1 end
 end
 
 function done(summary, latency, requests)
-  local total = 0
-  local other, first_other = 0, 0
-  for _, t in ipairs(threads) do
-    total = total + t:get("created")
-    other = other + (t:get("other") or 0)
-    if first_other == 0 then first_other = t:get("first_other") or 0 end
-  end
-  io.write(string.format("BENCH created=%d other=%d first_other=%d p50_us=%d p99_us=%d\n", total, other, first_other,
-    latency:percentile(50), latency:percentile(99)))
+  report(threads, "created", latency)
 end

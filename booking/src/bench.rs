@@ -187,7 +187,7 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
     file.flush()?;
     drop(file);
     let script = work.join("holds.lua");
-    std::fs::write(&script, include_str!("../bench/holds.lua"))?;
+    std::fs::write(&script, [include_str!("../bench/common.lua"), include_str!("../bench/holds.lua")].concat())?;
     eprintln!("bench: holds through booking for {} s", args.seconds);
     let cpu = CpuMeter::start(server.pid());
     let out = wrk(
@@ -223,7 +223,7 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
     let holds_file = work.join("holds.txt");
     prepare_holds(args, ring, event, tag, &seat_ids[hold_seats..], &holds_file).await?;
     let script = work.join("checkouts.lua");
-    std::fs::write(&script, include_str!("../bench/checkouts.lua"))?;
+    std::fs::write(&script, [include_str!("../bench/common.lua"), include_str!("../bench/checkouts.lua")].concat())?;
     checkpoint(pool).await;
     eprintln!("bench: checkouts through booking for {} s", args.seconds);
     let cpu = CpuMeter::start(server.pid());
