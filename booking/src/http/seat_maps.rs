@@ -50,42 +50,52 @@ impl SeatMaps {
     where
         F: Future<Output = Result<Bytes, E>>,
     {
-        if self.ttl.is_zero() {
-            let body = build().await?;
-            return Ok(if gzip { Encoded { body: compress(body).await, gzip } } else { Encoded { body, gzip } });
-        }
         // The std lock is released before any await (a poisoned one just skips the cache).
-        let slot = self.maps.lock().ok().map(|mut maps| maps.entry(event).or_default().clone());
+        let slot = if self.ttl.is_zero() {
+            None
+        } else {
+            self.maps.lock().ok().map(|mut maps| maps.entry(event).or_default().clone())
+        };
         let Some(slot) = slot else {
             let body = build().await?;
-            return Ok(Encoded { body, gzip: false });
+            let zipped = if gzip { compress(&body).await } else { None };
+            return Ok(Encoded::choose(body, zipped));
         };
         let mut slot = slot.lock().await;
-        let fresh = slot.as_ref().is_some_and(|built| built.at.elapsed() < self.ttl);
-        if !fresh {
-            *slot = Some(Built { at: Instant::now(), body: build().await?, gzip: None });
+        let built = match slot.take() {
+            Some(built) if built.at.elapsed() < self.ttl => slot.insert(built),
+            _ => slot.insert(Built { at: Instant::now(), body: build().await?, gzip: None }),
+        };
+        if gzip && built.gzip.is_none() {
+            built.gzip = compress(&built.body).await;
         }
-        let Some(built) = slot.as_mut() else { unreachable!("the slot was filled above") };
-        if !gzip {
-            return Ok(Encoded { body: built.body.clone(), gzip });
-        }
-        if built.gzip.is_none() {
-            built.gzip = Some(compress(built.body.clone()).await);
-        }
-        Ok(Encoded { body: built.gzip.clone().unwrap_or_default(), gzip })
+        let zipped = if gzip { built.gzip.clone() } else { None };
+        Ok(Encoded::choose(built.body.clone(), zipped))
     }
 }
 
-/// Gzips `body` on a blocking thread (about 20 ms for a 20,000-seat map).
-async fn compress(body: Bytes) -> Bytes {
+impl Encoded {
+    /// The gzipped bytes when there are some, else the plain ones.
+    fn choose(body: Bytes, zipped: Option<Bytes>) -> Self {
+        match zipped {
+            Some(body) => Self { body, gzip: true },
+            None => Self { body, gzip: false },
+        }
+    }
+}
+
+/// Gzips `body` on a blocking thread (about 20 ms for a 20,000-seat map); `None` if that thread failed, and
+/// the plain map goes out instead.
+async fn compress(body: &Bytes) -> Option<Bytes> {
+    let body = body.clone();
     tokio::task::spawn_blocking(move || {
         let mut gz = GzEncoder::new(Vec::with_capacity(body.len() / 8), Compression::fast());
-        // Writing to a Vec cannot fail.
-        let _ = gz.write_all(&body);
-        gz.finish().map(Bytes::from).unwrap_or_default()
+        gz.write_all(&body).ok()?;
+        gz.finish().ok().map(Bytes::from)
     })
     .await
-    .unwrap_or_default()
+    .ok()
+    .flatten()
 }
 
 /// Whether the request's `Accept-Encoding` accepts gzip: listed (or `*` when gzip is not listed) with a
