@@ -151,7 +151,7 @@ pub async fn create_order(
     let order = match state.checkouts.checkout(new).await {
         Ok(Checkout::Created(order)) => order,
         Ok(Checkout::Replay(previous)) => return Ok(answer.replay(previous)),
-        Ok(Checkout::InFlight) => return Err(in_flight()),
+        Ok(Checkout::InFlight) | Err(CheckoutError::KeyAnswered) => return Err(in_flight()),
         Ok(Checkout::Mismatch) => return Err(key_reused()),
         Ok(Checkout::AccountCap { owned }) => return answer.refused(account_limit(max, owned)).await,
         Ok(Checkout::NotOnSale(seat)) | Err(CheckoutError::Withdrawn(seat)) => {

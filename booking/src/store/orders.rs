@@ -150,6 +150,11 @@ pub enum CheckoutError {
     HoldUsed,
     #[error("seat {0} was withdrawn from sale during the checkout")]
     Withdrawn(SeatId),
+    /// The idempotency key got its answer from another request while this checkout ran: a refusal recorded
+    /// under the key (which takes no key lock) committed between the checkout's look at the key and its
+    /// insert. A retry is answered from the key.
+    #[error("another request answered this idempotency key during the checkout")]
+    KeyAnswered,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -331,6 +336,7 @@ async fn refusal(pool: &PgPool, new: &NewOrder, code: &str, constraint: Option<&
     let seat_where = |query, listed| first_seat_where(pool, query, new.event, &new.seats, listed);
     Some(match (code, constraint?) {
         ("23505", "orders_hold_token_key") => CheckoutError::HoldUsed,
+        ("23505", "idempotency_keys_pkey") => CheckoutError::KeyAnswered,
         ("23505", "order_seats_one_active_sale") => match seat_where(SOLD_AMONG, true).await {
             Ok(seat) => CheckoutError::SeatSold(seat),
             Err(e) => e.into(),

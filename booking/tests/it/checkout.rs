@@ -237,6 +237,65 @@ async fn a_duplicate_while_the_first_is_in_flight_is_a_409(pool: PgPool) {
     app.stop().await;
 }
 
+/// A refusal recorded under a key takes no key lock, so it can commit while a checkout with the same key runs:
+/// after the checkout looked the key up, before it wrote its answer there. That checkout is answered 409
+/// `request_in_flight` and writes nothing, and a retry gets the recorded answer. It was a 500, seen once in
+/// many runs of the fifty-checkouts test (a tab's refusal recorded while its twin checked out); here the
+/// refusal's insert is held open in a transaction until the checkout waits on it.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_key_answered_by_another_request_during_the_checkout_is_a_409(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[0];
+    let hold = app.hold("fan-a", &[seat]).await;
+    let token = hold.str("hold_token");
+    let fingerprint = format!("POST /events/{}/orders hold_token={token}", app.event);
+    let mut other = app.pool.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO idempotency_keys (account_id, key, fingerprint, response_status, response_body)
+         VALUES ('fan-a', 'twin', $1, 409, '{\"error\": \"hold_already_checked_out\"}')",
+    )
+    .bind(&fingerprint)
+    .execute(&mut *other)
+    .await
+    .expect("the other request's answer");
+
+    let checkout = tokio::spawn({
+        let (client, proof) = (app.client.clone(), app.proof("fan-a"));
+        let url = app.url(&format!("/events/{}/orders", app.event));
+        async move {
+            let req = client.post(url).bearer_auth(proof).header("Idempotency-Key", "twin");
+            req.json(&serde_json::json!({ "hold_token": token })).send().await.expect("checkout")
+        }
+    });
+    // Bounded wait until the checkout's insert of the key waits on the uncommitted one.
+    let mut waiting = false;
+    for _ in 0..200 {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid' AND database IS NULL",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .expect("locks");
+        if n > 0 {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(waiting, "the checkout never waited on the key");
+    other.commit().await.expect("commit the other answer");
+
+    let res = checkout.await.expect("join");
+    let status = res.status().as_u16();
+    let body: serde_json::Value = res.json().await.expect("json");
+    assert_eq!((status, body["error"].as_str()), (409, Some("request_in_flight")), "{body}");
+    assert_eq!(app.order_count().await, 0, "nothing of the checkout was written");
+    let retried = app.checkout("fan-a", &hold.str("hold_token"), "twin").await;
+    assert_eq!(retried.status, 409, "{}", retried.body);
+    assert_eq!(retried.body["error"], "hold_already_checked_out", "the key's recorded answer: {}", retried.body);
+    assert_eq!(retried.headers.get("idempotent-replayed").map(|v| v.as_bytes()), Some(&b"true"[..]));
+    app.stop().await;
+}
 #[sqlx::test(migrations = "../migrations")]
 async fn the_account_cap_holds_at_checkout_too(pool: PgPool) {
     let mut app = TestApp::spawn_with(pool, &["--max-seats-per-account", "2"]).await;
