@@ -123,5 +123,6 @@ pub fn split_seats(raw: &str) -> Option<Vec<SeatId>> {
     raw.split(',').map(|s| s.parse().ok().map(SeatId)).collect()
 }
 
-/// A seat map version: how many times any seat of the event changed state in Redis.
+/// A seat map version: grows each time seats of the event change state in Redis (once per script that changed
+/// any, however many seats or orders it took).
 pub type MapVersion = u64;

@@ -181,7 +181,7 @@ async fn a_batch_that_fails_whole_is_settled_one_by_one(pool: PgPool) {
     let seats = app.seats_on_sale().await;
     let (w, x, y) = (seats[0], seats[1], seats[2]);
     // One batch at a time, so checkouts queue behind a busy one and go together.
-    let batcher = CheckoutBatcher::start(app.pool.clone(), 32, 1);
+    let batcher = CheckoutBatcher::start(app.pool.clone(), app.holds.clone(), 32, 1);
     // Two intruders' checkouts, not yet committed: Postgres sees their seats, the batch's checks cannot.
     let intrude = async |seat: i64| {
         let mut tx = app.pool.begin().await.expect("begin");
@@ -237,7 +237,7 @@ async fn a_batch_that_fails_whole_is_settled_one_by_one(pool: PgPool) {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn forty_concurrent_checkouts_through_http_all_succeed(pool: PgPool) {
-    let app = TestApp::spawn(pool).await;
+    let mut app = TestApp::spawn(pool).await;
     let seats = app.seats_on_sale().await;
     let fans: Vec<(String, i64)> = (0..40).map(|i| (format!("fan-{i}"), seats[i])).collect();
     let holds = join_all(fans.iter().map(|(f, s)| app.hold(f, std::slice::from_ref(s)))).await;
@@ -255,6 +255,13 @@ async fn forty_concurrent_checkouts_through_http_all_succeed(pool: PgPool) {
         .await
         .expect("events");
     assert_eq!((app.order_count().await, reserved), (40, 40));
+    // Redis knows every seat is sold (marked by the batches, one script call each) and every hold became an
+    // order.
+    for ((_, seat), (token, _)) in fans.iter().zip(&asks) {
+        assert_eq!(app.seat_value(*seat).await, Some(format!("sold:{token}")), "seat {seat}");
+    }
+    let records = app.redis_keys().await.into_iter().filter(|k| k.contains(":token:")).count();
+    assert_eq!(records, 0, "every hold record was deleted when its order was marked");
     app.assert_invariants().await;
     app.stop().await;
 }
