@@ -6,6 +6,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
+use crate::domain::OrderId;
 use crate::domain::order::{Command, Status};
 use crate::provider;
 use crate::store::holds::Holds;
@@ -42,11 +43,11 @@ pub async fn sweeper(pool: PgPool, every: Duration, check: PaymentCheck) {
     let mut repaired_until = time::OffsetDateTime::now_utc() - time::Duration::days(1);
     loop {
         tick.tick().await;
-        confirm_lost_payments(&pool, &check).await;
+        let asked = confirm_lost_payments(&pool, &check).await;
         repair_paid_markers(&pool, &check.holds, &mut repaired_until).await;
         // Drain a backlog in batches, then wait for the next tick.
         loop {
-            match lifecycle::sweep(&pool, SWEEP_BATCH).await {
+            match lifecycle::sweep(&pool, SWEEP_BATCH, &asked).await {
                 Ok(n) => {
                     metrics::counter!("booking_orders_expired_total").increment(n);
                     if n < SWEEP_BATCH as u64 {
@@ -62,29 +63,36 @@ pub async fn sweeper(pool: PgPool, every: Duration, check: PaymentCheck) {
     }
 }
 
-/// Asks the provider about every due reserved order with a payment, and applies the succeeded ones.
-async fn confirm_lost_payments(pool: &PgPool, check: &PaymentCheck) {
+/// Asks the provider about every due reserved order with a payment (up to a batch), and applies the succeeded
+/// ones. Returns the orders the sweep may cancel: those the provider says are not paid, and, if it stopped
+/// answering, the rest of the list (the deadline decides, and a webhook that comes later is still applied as a
+/// late payment). Any other order with a payment is not cancelled this tick: its deadline passed after the list
+/// was made, the list was full, or its confirmed payment could not be applied yet.
+async fn confirm_lost_payments(pool: &PgPool, check: &PaymentCheck) -> Vec<OrderId> {
     let due = match lifecycle::due_with_payment(pool, SWEEP_BATCH).await {
         Ok(due) => due,
         Err(e) => {
             tracing::warn!(error = %e, "could not list due orders with a payment");
-            return;
+            return Vec::new();
         }
     };
-    for (order, payment_id) in due {
-        let outcome = match check.provider.payment(&payment_id).await {
+    let mut cancellable = Vec::with_capacity(due.len());
+    for (i, (order, payment_id)) in due.iter().enumerate() {
+        let order = *order;
+        let outcome = match check.provider.payment(payment_id).await {
             Ok(p) if p.status == "succeeded" && p.order_id == order.0 => "succeeded",
             Ok(_) => "not_paid",
             Err(e) => {
-                // The orders are cancelled anyway (the deadline decides), and a webhook that comes later is still
-                // applied as a late payment. Asking the rest now would only wait out the same timeout.
+                // Asking the rest now would only wait out the same timeout.
                 tracing::warn!(error = %e, %order, %payment_id, "the provider did not answer; not asking more this tick");
                 metrics::counter!("booking_payment_checks_total", "outcome" => "unreachable").increment(1);
-                return;
+                cancellable.extend(due[i..].iter().map(|(order, _)| *order));
+                return cancellable;
             }
         };
         metrics::counter!("booking_payment_checks_total", "outcome" => outcome).increment(1);
         if outcome != "succeeded" {
+            cancellable.push(order);
             continue;
         }
         let id = format!("reconcile:{payment_id}");
@@ -100,6 +108,7 @@ async fn confirm_lost_payments(pool: &PgPool, check: &PaymentCheck) {
             Err(e) => tracing::warn!(error = %e, %order, "could not apply a confirmed payment"),
         }
     }
+    cancellable
 }
 
 /// Applies again, in Redis, what happened to orders paid lately: their seats marked sold for good, or released

@@ -350,14 +350,19 @@ pub async fn attach_payment(pool: &PgPool, id: OrderId, payment_id: &str) -> Res
 }
 
 /// Cancels up to `batch` reserved orders whose deadline passed, skipping rows another sweeper (or a payment)
-/// has locked. Returns how many this call cancelled. Safe with any number of sweepers at once.
-pub async fn sweep(pool: &PgPool, batch: i64) -> Result<u64, StoreError> {
+/// has locked. An order whose fan started paying is cancelled only if it is in `asked`: the sweeper asked the
+/// provider about it first (see [`due_with_payment`]); one whose deadline passed after that list was made waits
+/// for the next list. Returns how many this call cancelled. Safe with any number of sweepers at once.
+pub async fn sweep(pool: &PgPool, batch: i64, asked: &[OrderId]) -> Result<u64, StoreError> {
+    let asked: Vec<uuid::Uuid> = asked.iter().map(|o| o.0).collect();
     let n: i64 = sqlx::query_scalar(
         "SELECT count(*) FILTER (WHERE expire_order(id)) FROM (
              SELECT id FROM orders WHERE status = 'reserved' AND payment_due_at <= now()
+                                     AND (payment_id IS NULL OR id = ANY ($2))
              ORDER BY payment_due_at LIMIT $1 FOR UPDATE SKIP LOCKED) due",
     )
     .bind(batch)
+    .bind(&asked)
     .fetch_one(pool)
     .await?;
     Ok(u64::try_from(n).unwrap_or(0))

@@ -273,7 +273,7 @@ async fn run_case(app: &mut TestApp, seed: u64, seats: &[i64]) -> Seen {
 
 async fn sweep(app: &TestApp, m: &mut Model, log: &mut Vec<String>, seed: u64) {
     log.push("sweep".into());
-    let n = booking::store::lifecycle::sweep(&app.pool, 100).await.expect("sweep");
+    let n = booking::store::lifecycle::sweep(&app.pool, 100, &[]).await.expect("sweep");
     let mut want = 0;
     for o in m.orders.iter_mut().filter(|o| o.stored == St::Reserved && o.deadline_passed) {
         o.set(St::Cancelled(Why::Expired));
