@@ -123,6 +123,5 @@ pub fn split_seats(raw: &str) -> Option<Vec<SeatId>> {
     raw.split(',').map(|s| s.parse().ok().map(SeatId)).collect()
 }
 
-/// A seat map version: grows each time seats of the event change state in Redis (once per script that changed
-/// any, however many seats or orders it took).
+/// A seat map version: how many times any seat of the event changed state in Redis.
 pub type MapVersion = u64;

@@ -134,7 +134,7 @@ impl AppState {
         let batches_in_flight = cfg.checkout_batches_in_flight.min(cfg.database_pool_size.max(1) as usize);
         Ok(Self {
             payments,
-            checkouts: CheckoutBatcher::start(pool.clone(), holds.clone(), cfg.checkout_batch_max, batches_in_flight),
+            checkouts: CheckoutBatcher::start(pool.clone(), cfg.checkout_batch_max, batches_in_flight),
             admin_token: cfg.admin_token.clone(),
             background,
             catalogues: Catalogues::new(pool.clone(), cfg.catalogue_refresh()),

@@ -1,6 +1,5 @@
 //! Group commit for checkouts: checkouts that arrive together go to Postgres together, in one
-//! `checkout_batch` statement and one commit, instead of one transaction each; then the created orders' seats
-//! are marked sold in Redis in one script call.
+//! `checkout_batch` statement and one commit, instead of one transaction each.
 //!
 //! A dispatcher waits for a free slot (at most `in_flight` batches run at once), then takes every checkout
 //! waiting, up to `max`: a lone checkout goes at once, and batches grow only while Postgres is busy with the
@@ -15,7 +14,6 @@ use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::StoreError;
-use super::holds::{Holds, OrderSeats, Until};
 use super::orders::{self, Checkout, CheckoutError, NewOrder};
 
 type Settled = Result<Checkout, CheckoutError>;
@@ -28,30 +26,24 @@ const QUEUE: usize = 4_096;
 #[derive(Clone)]
 pub struct CheckoutBatcher {
     pool: PgPool,
-    holds: Holds,
     queue: Option<mpsc::Sender<Job>>,
 }
 
 impl CheckoutBatcher {
     /// Starts the dispatcher: at most `max` checkouts a batch and `in_flight` batches at once. With `max` 1
     /// there is no dispatcher and every checkout is its own transaction.
-    pub fn start(pool: PgPool, holds: Holds, max: usize, in_flight: usize) -> Self {
+    pub fn start(pool: PgPool, max: usize, in_flight: usize) -> Self {
         if max <= 1 {
-            return Self { pool, holds, queue: None };
+            return Self { pool, queue: None };
         }
         let (tx, rx) = mpsc::channel(QUEUE);
-        let stores = Stores { pool: pool.clone(), holds: holds.clone() };
-        tokio::spawn(dispatch(stores, rx, max, Arc::new(Semaphore::new(in_flight.max(1)))));
-        Self { pool, holds, queue: Some(tx) }
+        tokio::spawn(dispatch(pool.clone(), rx, max, Arc::new(Semaphore::new(in_flight.max(1)))));
+        Self { pool, queue: Some(tx) }
     }
 
     /// Settles one checkout, in whichever batch it lands.
     pub async fn checkout(&self, new: NewOrder) -> Settled {
-        let Some(queue) = &self.queue else {
-            let settled = orders::checkout(&self.pool, &new).await;
-            mark_sold(&self.holds, std::slice::from_ref(&new), std::slice::from_ref(&settled)).await;
-            return settled;
-        };
+        let Some(queue) = &self.queue else { return orders::checkout(&self.pool, &new).await };
         let (reply, settled) = oneshot::channel();
         if queue.send((new, reply)).await.is_err() {
             return Err(stopped());
@@ -64,15 +56,8 @@ fn stopped() -> CheckoutError {
     StoreError::Unexpected("the checkout dispatcher stopped".into()).into()
 }
 
-/// What a batch writes to.
-#[derive(Clone)]
-struct Stores {
-    pool: PgPool,
-    holds: Holds,
-}
-
 /// Takes what is waiting whenever a slot is free; ends when every [`CheckoutBatcher`] is dropped.
-async fn dispatch(stores: Stores, mut rx: mpsc::Receiver<Job>, max: usize, slots: Arc<Semaphore>) {
+async fn dispatch(pool: PgPool, mut rx: mpsc::Receiver<Job>, max: usize, slots: Arc<Semaphore>) {
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
         let Some(first) = rx.recv().await else { return };
@@ -83,22 +68,21 @@ async fn dispatch(stores: Stores, mut rx: mpsc::Receiver<Job>, max: usize, slots
                 Err(_) => break,
             }
         }
-        let stores = stores.clone();
+        let pool = pool.clone();
         tokio::spawn(async move {
             // One batch per event (and payment terms): in an on-sale, one batch.
             while let Some((head, _)) = jobs.first() {
                 let head = head.clone();
                 let (batch, rest): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|(n, _)| n.batches_with(&head));
                 jobs = rest;
-                settle(&stores, batch).await;
+                settle(&pool, batch).await;
             }
             drop(slot);
         });
     }
 }
 
-async fn settle(stores: &Stores, batch: Vec<Job>) {
-    let pool = &stores.pool;
+async fn settle(pool: &PgPool, batch: Vec<Job>) {
     metrics::histogram!("booking_checkout_batch_size").record(batch.len() as f64);
     let (news, replies): (Vec<NewOrder>, Vec<oneshot::Sender<Settled>>) = batch.into_iter().unzip();
     let settled = match news.as_slice() {
@@ -112,30 +96,8 @@ async fn settle(stores: &Stores, batch: Vec<Job>) {
             }
         },
     };
-    mark_sold(&stores.holds, &news, &settled).await;
     // A receiver gone is a client that hung up: its checkout stands, and its key answers a retry.
     for (reply, result) in replies.into_iter().zip(settled) {
         let _ = reply.send(result);
-    }
-}
-
-/// Best effort, after the commit: marks the seats of the orders created (checkouts of one event) sold in Redis
-/// until their payment deadline, in one script call, so later holds are refused without Postgres. If it fails,
-/// the holds simply expire and Postgres still refuses any second sale.
-async fn mark_sold(holds: &Holds, news: &[NewOrder], settled: &[Settled]) {
-    let created: Vec<(OrderSeats<'_>, Until)> = news
-        .iter()
-        .zip(settled)
-        .filter_map(|(new, settled)| match settled {
-            Ok(Checkout::Created(order)) => Some((
-                OrderSeats { token: new.hold, account: &new.account, seats: &new.seats },
-                Until::deadline(order.payment_due_at),
-            )),
-            _ => None,
-        })
-        .collect();
-    let Some(first) = news.first() else { return };
-    if let Err(e) = holds.reserve(first.event, &created, false).await {
-        tracing::warn!(error = %e, orders = created.len(), "checkouts committed but their seats were not marked sold in Redis");
     }
 }

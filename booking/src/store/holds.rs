@@ -273,33 +273,33 @@ impl Holds {
         decode_check("verify_hold", &self.call(inv).await?, |e| HoldCheck::Live { expires_at_ms: e })
     }
 
-    /// After Postgres gave seats to orders of `event`: marks each order's seats taken until its `Until` (the
-    /// payment deadline, or for good once paid) and counts them against its account's cap as long, all in one
-    /// script call (a batch of checkouts is one round trip). `force` marks every seat whatever Redis holds for
-    /// it (a late payment took the seats back); otherwise only seats still carrying the hold's token or the
-    /// order's marker. Returns how many seats were marked.
+    /// After Postgres gave the seats to an order: marks them taken until `until` (the payment deadline, or
+    /// for good once paid) and counts them against the account's cap as long. `force` marks every seat whatever
+    /// Redis holds for it (a late payment took the seats back); otherwise only seats still carrying the hold's
+    /// token or this order's marker.
     pub async fn reserve(
         &self,
         event: EventId,
-        orders: &[(OrderSeats<'_>, Until)],
+        order: &OrderSeats<'_>,
+        until: Until,
         force: bool,
     ) -> Result<i64, StoreError> {
-        if orders.is_empty() {
-            return Ok(0);
-        }
         let mut inv = self.scripts.reserve.prepare_invoke();
-        inv.key(self.keys.version(event)).arg(u8::from(force)).arg(ms(self.times.record_retention));
-        for (order, until) in orders {
-            inv.key(self.keys.record(event, order.token)).key(self.keys.account(event, order.account));
-            for &seat in order.seats {
-                inv.key(self.keys.seat(event, seat));
-            }
-            let due_ms = match until {
-                Until::Deadline(ms) => (*ms).max(1),
-                Until::Paid => 0,
-            };
-            inv.arg(order.token.to_string()).arg(order.seats.len()).arg(due_ms);
+        inv.key(self.keys.record(event, order.token))
+            .key(self.keys.account(event, order.account))
+            .key(self.keys.version(event));
+        for &seat in order.seats {
+            inv.key(self.keys.seat(event, seat));
         }
+        let due_ms = match until {
+            Until::Deadline(ms) => ms.max(1),
+            Until::Paid => 0,
+        };
+        inv.arg(order.token.to_string())
+            .arg(order.seats.len())
+            .arg(due_ms)
+            .arg(u8::from(force))
+            .arg(ms(self.times.record_retention));
         let mut conn = self.conn.clone();
         self.run(inv.invoke_async(&mut conn)).await
     }
@@ -359,9 +359,9 @@ impl Holds {
         let on = OrderSeats { token: order.hold, account: &order.account, seats: &seats };
         match effect {
             SeatsEffect::None => return Ok(()),
-            SeatsEffect::Paid => self.reserve(order.event, &[(on, Until::Paid)], true).await?,
+            SeatsEffect::Paid => self.reserve(order.event, &on, Until::Paid, true).await?,
             SeatsEffect::Extended => {
-                self.reserve(order.event, &[(on, Until::deadline(order.payment_due_at))], false).await?
+                self.reserve(order.event, &on, Until::deadline(order.payment_due_at), false).await?
             }
             SeatsEffect::Released => self.release_order(order.event, &on).await?,
         };

@@ -40,8 +40,6 @@ pub struct TestApp {
     pub client: reqwest::Client,
     pub pool: PgPool,
     pub redis: redis::aio::MultiplexedConnection,
-    /// The server's own Redis side of holds (for tests that drive the store directly).
-    pub holds: booking::store::holds::Holds,
     pub prefix: String,
     pub event: i64,
     pub ring: Keyring,
@@ -118,7 +116,6 @@ impl TestApp {
             unreachable!("serve was asked for")
         };
         let state = AppState::build(&cfg, pool.clone()).await.expect("state");
-        let holds = state.holds.clone();
         let (tx, rx) = oneshot::channel::<()>();
         let server = tokio::spawn(http::serve(listener, state, async {
             let _ = rx.await;
@@ -133,7 +130,6 @@ impl TestApp {
             client: reqwest::Client::new(),
             pool,
             redis,
-            holds,
             prefix,
             event: seeded.event_id,
             ring: Keyring::parse(KEYS).expect("keys"),

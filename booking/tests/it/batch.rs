@@ -181,7 +181,7 @@ async fn a_batch_that_fails_whole_is_settled_one_by_one(pool: PgPool) {
     let seats = app.seats_on_sale().await;
     let (w, x, y) = (seats[0], seats[1], seats[2]);
     // One batch at a time, so checkouts queue behind a busy one and go together.
-    let batcher = CheckoutBatcher::start(app.pool.clone(), app.holds.clone(), 32, 1);
+    let batcher = CheckoutBatcher::start(app.pool.clone(), 32, 1);
     // Two intruders' checkouts, not yet committed: Postgres sees their seats, the batch's checks cannot.
     let intrude = async |seat: i64| {
         let mut tx = app.pool.begin().await.expect("begin");
@@ -255,8 +255,7 @@ async fn forty_concurrent_checkouts_through_http_all_succeed(pool: PgPool) {
         .await
         .expect("events");
     assert_eq!((app.order_count().await, reserved), (40, 40));
-    // Redis knows every seat is sold (marked by the batches, one script call each) and every hold became an
-    // order.
+    // Redis knows every seat is sold, and every hold became an order.
     for ((_, seat), (token, _)) in fans.iter().zip(&asks) {
         assert_eq!(app.seat_value(*seat).await, Some(format!("sold:{token}")), "seat {seat}");
     }
