@@ -234,6 +234,7 @@ impl Answers<'_> {
             Ok(Recorded::Stored) => Err(e),
             Ok(Recorded::Existing(previous)) => Ok(self.replay(previous)),
             Ok(Recorded::Mismatch) => Err(key_reused()),
+            Ok(Recorded::InFlight) => Err(in_flight()),
             Err(err) => {
                 tracing::warn!(error = %err, "could not record a refused checkout under its idempotency key");
                 Err(e)

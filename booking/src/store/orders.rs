@@ -150,9 +150,9 @@ pub enum CheckoutError {
     HoldUsed,
     #[error("seat {0} was withdrawn from sale during the checkout")]
     Withdrawn(SeatId),
-    /// The idempotency key got its answer from another request while this checkout ran: a refusal recorded
-    /// under the key (which takes no key lock) committed between the checkout's look at the key and its
-    /// insert. A retry is answered from the key.
+    /// The idempotency key got its answer from another request while this checkout ran (a writer of the key
+    /// that did not hold the key's lock committed between the checkout's look at the key and its insert). A
+    /// retry is answered from the key.
     #[error("another request answered this idempotency key during the checkout")]
     KeyAnswered,
     #[error(transparent)]
@@ -389,9 +389,12 @@ pub enum Recorded {
     Existing(Answer),
     /// The key already answered a different request.
     Mismatch,
+    /// Another request with this key is running right now (it holds the key's lock): nothing was recorded.
+    InFlight,
 }
 
-/// Records a refusal as the key's answer, unless the key already has one.
+/// Records a refusal as the key's answer, unless the key already has one. It takes the key's lock first, as a
+/// checkout does, so a refusal is never written under a key while a checkout with that key runs.
 pub async fn record_refusal(
     pool: &PgPool,
     event: EventId,
@@ -401,6 +404,15 @@ pub async fn record_refusal(
     status: u16,
     body: &serde_json::Value,
 ) -> Result<Recorded, StoreError> {
+    let mut tx = pool.begin().await?;
+    let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1 || '/' || $2, 7))")
+        .bind(account)
+        .bind(key)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !free {
+        return Ok(Recorded::InFlight);
+    }
     let inserted = sqlx::query(
         "INSERT INTO idempotency_keys (account_id, key, fingerprint, response_status, response_body)
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
@@ -410,10 +422,11 @@ pub async fn record_refusal(
     .bind(fingerprint)
     .bind(status as i16)
     .bind(body)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?
     .rows_affected();
     if inserted == 1 {
+        tx.commit().await?;
         return Ok(Recorded::Stored);
     }
     let rows = sqlx::query(
@@ -427,8 +440,9 @@ pub async fn record_refusal(
     )
     .bind(account)
     .bind(key)
-    .fetch_all(pool)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     let Some(first) = rows.first() else { return Ok(Recorded::Stored) };
     if first.try_get::<String, _>("fingerprint")? != fingerprint {
         return Ok(Recorded::Mismatch);
