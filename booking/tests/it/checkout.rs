@@ -276,11 +276,13 @@ async fn a_key_answered_by_another_request_during_the_checkout_is_a_409(pool: Pg
             req.json(&serde_json::json!({ "hold_token": token })).send().await.expect("checkout")
         }
     });
-    // Bounded wait until the checkout's insert of the key waits on the uncommitted one.
+    // Bounded wait until the checkout's insert of the key waits on the uncommitted one (in this test's database:
+    // other tests run beside it).
     let mut waiting = false;
     for _ in 0..200 {
         let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid' AND database IS NULL",
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE NOT l.granted AND l.locktype = 'transactionid' AND a.datname = current_database()",
         )
         .fetch_one(&app.pool)
         .await
