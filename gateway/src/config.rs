@@ -39,6 +39,14 @@ pub struct Config {
     /// Booking's address (HTTP/1.1, connections kept alive and reused).
     #[arg(long, env = "BOOKING_UPSTREAM", default_value = "127.0.0.1:18080")]
     pub upstream: SocketAddr,
+    /// Longest wait for booking, in milliseconds: to connect, and for each read or write of a forwarded
+    /// request; past it the client gets 503 `booking_unavailable` (or, mid-answer, a closed connection).
+    #[arg(long, env = "GATEWAY_UPSTREAM_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_timeout_ms: u64,
+    /// Largest request body forwarded to booking, in bytes (read whole before booking is asked); a larger
+    /// one gets 413 `body_too_large` and never reaches booking.
+    #[arg(long, env = "GATEWAY_MAX_BODY_BYTES", default_value_t = 65_536)]
+    pub max_body_bytes: usize,
     /// Keyring of admission proofs and queue tickets, `kid:secret[,kid:secret...]` (the first signs; booking
     /// verifies admission proofs with the same keys).
     #[arg(long, env = "ADMISSION_KEYS", value_parser = secret)]
@@ -102,6 +110,10 @@ pub struct Config {
 }
 
 impl Config {
+    pub fn upstream_timeout(&self) -> Duration {
+        Duration::from_millis(self.upstream_timeout_ms)
+    }
+
     pub fn redis_timeout(&self) -> Duration {
         Duration::from_millis(self.redis_timeout_ms)
     }

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod admin_client;
 pub mod admission;
 pub mod config;
+pub mod forward;
 pub mod limits;
 pub mod metrics;
 pub mod openapi;

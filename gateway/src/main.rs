@@ -86,8 +86,9 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let gateway = Gateway::new(keyring.clone(), cfg.upstream, queue, limits.clone());
-    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, gateway);
+    let upstream = gateway::forward::Upstream::new(cfg.upstream, cfg.max_body_bytes, cfg.upstream_timeout());
+    let gateway = Gateway::new(keyring.clone(), upstream, queue, limits.clone());
+    let mut proxy = pingora::services::listening::Service::new("gateway".into(), gateway);
     proxy.add_tcp(&cfg.listen.to_string());
     server.add_service(proxy);
     let availability = (cfg.availability_poll_ms > 0).then(|| gateway::ticker::Availability {

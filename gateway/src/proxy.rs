@@ -1,64 +1,62 @@
 //! The pingora proxy: each request phase is small; a refusal, a queue answer or the waiting-room page is a
 //! response the phase writes before returning `Ok(true)`, not an error.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use pingora::Result;
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
 use pingora::http::ResponseHeader;
-use pingora::prelude::*;
-use pingora::proxy::FailToProxy;
+use pingora::protocols::http::ServerSession;
+use pingora::server::ShutdownWatch;
 use tokens::Keyring;
 
 use crate::admission::{self, Route};
+use crate::forward::{ForwardError, Upstream};
 use crate::limits::{Limits, retry_after_seconds};
 use crate::queue::{Queue, Reply};
 
 /// The waiting-room page: a static shell (cacheable by a CDN); live numbers come from the status endpoint.
 const PAGE: &str = include_str!("queue.html");
+/// How long a client's idle connection is kept open between requests.
+const KEEPALIVE_SECONDS: u64 = 60;
 
 /// The gateway's proxy logic.
 pub struct Gateway {
     keyring: Arc<Keyring>,
-    upstream: SocketAddr,
+    upstream: Upstream,
     queue: Queue,
     limits: Arc<Limits>,
 }
 
 impl Gateway {
-    pub fn new(keyring: Arc<Keyring>, upstream: SocketAddr, queue: Queue, limits: Arc<Limits>) -> Self {
+    pub fn new(keyring: Arc<Keyring>, upstream: Upstream, queue: Queue, limits: Arc<Limits>) -> Self {
         Self { keyring, upstream, queue, limits }
     }
 }
 
-/// Per-request state.
-#[derive(Default)]
-pub struct Ctx {
-    /// Whether the request went to booking (for the metrics' `kind` label).
-    pub proxied: bool,
-}
-
 /// Writes a whole response.
-async fn respond(session: &mut Session, reply: Reply) -> Result<()> {
+async fn respond(session: &mut ServerSession, reply: Reply) -> Result<()> {
     let mut resp = ResponseHeader::build(reply.status, Some(reply.headers.len() + 1))?;
     for (name, value) in reply.headers {
         resp.append_header(name, value)?;
     }
     resp.insert_header("content-length", reply.body.len().to_string())?;
     let empty = reply.body.is_empty();
-    session.write_response_header(Box::new(resp), empty).await?;
+    session.write_response_header(Box::new(resp)).await?;
     if !empty {
-        session.write_response_body(Some(reply.body), true).await?;
+        session.write_response_body(reply.body, true).await?;
     }
     Ok(())
 }
 
-fn header<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
+fn header<'a>(session: &'a ServerSession, name: &str) -> Option<&'a str> {
     session.req_header().headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn wants_html(session: &Session) -> bool {
+fn wants_html(session: &ServerSession) -> bool {
     header(session, "authorization").is_none() && header(session, "accept").is_some_and(|a| a.contains("text/html"))
 }
 
@@ -68,7 +66,7 @@ fn too_many(wait: std::time::Duration) -> Reply {
 }
 
 impl Gateway {
-    fn client_ip(&self, session: &Session) -> IpAddr {
+    fn client_ip(&self, session: &ServerSession) -> IpAddr {
         let peer = session.client_addr().and_then(|a| a.as_inet()).map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
         let forwarded: Vec<&str> =
             session.req_header().headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).collect();
@@ -76,7 +74,7 @@ impl Gateway {
     }
 
     /// The waiting room's own endpoints.
-    async fn queue(&self, session: &Session, route: &Route) -> Reply {
+    async fn queue(&self, session: &ServerSession, route: &Route) -> Reply {
         let method = session.req_header().method.as_str();
         let (event, allowed) = match *route {
             Route::QueueJoin(e) => (e, "POST"),
@@ -113,7 +111,7 @@ impl Gateway {
     }
 
     /// The admission check and per-account limit in front of booking; `None` lets the request through.
-    fn admit(&self, session: &Session, event: i64) -> Option<Reply> {
+    fn admit(&self, session: &ServerSession, event: i64) -> Option<Reply> {
         let authorization = header(session, "authorization");
         let cookies: Vec<&str> =
             session.req_header().headers.get_all("cookie").iter().filter_map(|v| v.to_str().ok()).collect();
@@ -134,15 +132,10 @@ impl Gateway {
     }
 }
 
-#[async_trait]
-impl ProxyHttp for Gateway {
-    type CTX = Ctx;
-
-    fn new_ctx(&self) -> Ctx {
-        Ctx::default()
-    }
-
-    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+impl Gateway {
+    /// Answers one request: a refusal, a queue answer or the page, or booking's answer to the forwarded request.
+    /// Returns whether the client's connection may serve another request.
+    async fn serve(&self, session: &mut ServerSession) -> bool {
         let route = admission::route(session.req_header().uri.path());
         let reply = match route {
             Route::Health => Reply::json(200, &serde_json::json!({ "status": "ok" })),
@@ -150,41 +143,70 @@ impl ProxyHttp for Gateway {
             Route::BadEventId => Reply::error(400, "invalid_path", "event_id must be a positive integer"),
             Route::Event(event) => match self.admit(session, event) {
                 Some(refusal) => refusal,
-                None => {
-                    ctx.proxied = true;
-                    return Ok(false);
-                }
+                None => return self.forward(session).await,
             },
             Route::QueuePage(_) | Route::QueueJoin(_) | Route::QueueStatus(_) => self.queue(session, &route).await,
         };
-        respond(session, reply).await?;
-        Ok(true)
+        let status = reply.status;
+        let written = respond(session, reply).await.is_ok();
+        crate::metrics::record_response(false, status);
+        written
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        Ok(Box::new(HttpPeer::new(self.upstream, false, String::new())))
-    }
-
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, _ctx: &mut Ctx) -> FailToProxy {
-        // Booking unreachable is "dependency down": 503 with Retry-After and a JSON body, never a bare 502.
-        let code = match e.esource() {
-            ErrorSource::Upstream => 503,
-            ErrorSource::Downstream => 0,
-            _ => 500,
+    async fn forward(&self, session: &mut ServerSession) -> bool {
+        let failed = match self.upstream.forward(session).await {
+            Ok(status) => {
+                crate::metrics::record_response(true, status);
+                return true;
+            }
+            Err(ForwardError::Downstream(_)) => return false,
+            Err(ForwardError::TooLarge) => {
+                Reply::error(413, "body_too_large", "the request body is larger than the gateway forwards")
+            }
+            Err(ForwardError::Upstream(e)) => {
+                // Booking unreachable is "dependency down": 503 with Retry-After and a JSON body, never a bare 502.
+                tracing::warn!(error = %e, "booking unreachable");
+                Reply::error(503, "booking_unavailable", "booking is not answering; retry shortly")
+                    .header("retry-after", "1".into())
+            }
         };
-        if code == 503 {
-            tracing::warn!(error = %e, "booking unreachable");
-            let reply = Reply::error(503, "booking_unavailable", "booking is not answering; retry shortly")
-                .header("retry-after", "1".into());
-            let _ = respond(session, reply).await;
-        } else if code > 0 {
-            let _ = session.respond_error(code).await;
-        }
-        FailToProxy { error_code: code, can_reuse_downstream: false }
+        let status = failed.status;
+        let _ = respond(session, failed).await;
+        crate::metrics::record_response(true, status);
+        // The request's body may be half read: the connection is not reused.
+        false
     }
+}
 
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
-        let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        crate::metrics::record_response(ctx.proxied, status);
+#[async_trait]
+impl HttpServerApp for Gateway {
+    async fn process_new_http(
+        self: &Arc<Self>,
+        mut session: ServerSession,
+        shutdown: &ShutdownWatch,
+    ) -> Option<ReusedHttpStream> {
+        match session.read_request().await {
+            Ok(true) => {}
+            // The client closed its idle connection.
+            Ok(false) => return None,
+            Err(e) => {
+                if matches!(e.etype(), pingora::ErrorType::InvalidHTTPHeader) {
+                    let reply = Reply::error(400, "invalid_request", "the request is not valid HTTP/1.1");
+                    let _ = respond(&mut session, reply).await;
+                    crate::metrics::record_response(false, 400);
+                }
+                session.shutdown().await;
+                return None;
+            }
+        }
+        session.set_keepalive(if *shutdown.borrow() { None } else { Some(KEEPALIVE_SECONDS) });
+        if !self.serve(&mut session).await {
+            return None;
+        }
+        let settings = HttpPersistentSettings::for_session(&session);
+        match session.finish().await {
+            Ok(stream) => stream.map(|s| ReusedHttpStream::from_reusable_stream(s, settings)),
+            Err(_) => None,
+        }
     }
 }

@@ -326,3 +326,123 @@ pub async fn batches(prefix: &str, event: i64) -> Vec<(u64, u64, u64, u64)> {
         })
         .collect()
 }
+
+/// One request as a [`WireUpstream`] read it off its socket.
+#[derive(Debug, Clone)]
+pub struct WireRequest {
+    /// Which accepted connection carried it (0, 1, ...).
+    pub connection: usize,
+    /// The request line and headers, as sent.
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl WireRequest {
+    /// A header's value (names compared without case), if the head has it.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+/// How a [`WireUpstream`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireMode {
+    /// 200 with a chunked JSON body naming the request's method and body length; the connection stays open.
+    Chunked,
+    /// The same, then the connection is closed without notice (as a server does with an idle connection).
+    CloseAfterEach,
+    /// Answers the connection's first `n` requests as `Chunked` does, then reads the next and never answers.
+    SilentAfter(usize),
+}
+
+/// An upstream written against the socket, not a framework: it records every request exactly as the gateway
+/// wrote it (head and body, with the connection it came on) and answers with chunked framing.
+pub struct WireUpstream {
+    pub addr: SocketAddr,
+    pub requests: Arc<std::sync::Mutex<Vec<WireRequest>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WireUpstream {
+    pub async fn start(mode: WireMode) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        let task = tokio::spawn(async move {
+            for connection in 0.. {
+                let Ok((socket, _)) = listener.accept().await else { return };
+                tokio::spawn(serve_wire(socket, connection, mode, seen.clone()));
+            }
+        });
+        Self { addr, requests, task }
+    }
+
+    pub fn requests(&self) -> Vec<WireRequest> {
+        self.requests.lock().expect("requests").clone()
+    }
+}
+
+impl Drop for WireUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve_wire(
+    mut socket: tokio::net::TcpStream,
+    connection: usize,
+    mode: WireMode,
+    seen: Arc<std::sync::Mutex<Vec<WireRequest>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    for answered in 0.. {
+        // One request: the head up to the blank line, then Content-Length bytes of body.
+        let head_end = loop {
+            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let mut request = WireRequest { connection, head, body: Vec::new() };
+        let length: usize = request.header("content-length").map_or(0, |v| v.parse().expect("content-length"));
+        while buf.len() < head_end + length {
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        request.body = buf[head_end..head_end + length].to_vec();
+        buf.drain(..head_end + length);
+        let method = request.head.split(' ').next().unwrap_or("").to_owned();
+        let length = request.body.len();
+        seen.lock().expect("requests").push(request);
+        if mode == WireMode::SilentAfter(answered) {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            return;
+        }
+        // The body in three chunks, so the gateway has to stream a chunked answer.
+        let parts = [r#"{"method":""#.to_owned(), format!(r#"{method}","body_bytes":"#), format!("{length}}}")];
+        let mut answer =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for part in &parts {
+            answer.extend_from_slice(format!("{:x}\r\n{part}\r\n", part.len()).as_bytes());
+        }
+        answer.extend_from_slice(b"0\r\n\r\n");
+        if socket.write_all(&answer).await.is_err() {
+            return;
+        }
+        if mode == WireMode::CloseAfterEach {
+            return;
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! The proxy path: admission proofs checked in-process, refusals that never reach booking, browsers sent to
 //! the waiting room, booking down as a 503.
 
+use std::time::Duration;
+
 use futures::future::join_all;
 use tokens::unix_now;
 
@@ -120,4 +122,168 @@ async fn booking_down_is_a_503_with_retry_after() {
         get(&client, &format!("{}/events/1", gw.base), &[("authorization", &format!("Bearer {token}"))]).await;
     assert_eq!((status, code(&body).as_str()), (503, "booking_unavailable"), "{body}");
     assert_eq!(headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+}
+
+fn bearer(event: i64) -> String {
+    format!("Bearer {}", proof(KEYS, event, unix_now(), 60))
+}
+
+#[tokio::test]
+async fn a_request_is_forwarded_whole_and_its_chunked_answer_streamed_back_over_one_kept_connection() {
+    let upstream = WireUpstream::start(WireMode::Chunked).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let body = format!(r#"{{"seat_ids":[{}]}}"#, vec!["1"; 4000].join(","));
+    for round in 0..3 {
+        let res = gw
+            .client
+            .post(format!("{}/events/1/holds?round={round}", gw.base))
+            .header("authorization", bearer(1))
+            .header("content-type", "application/json")
+            .header("idempotency-key", format!("key-{round}"))
+            .header("connection", "keep-alive")
+            .header("keep-alive", "timeout=5")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("request reached the gateway");
+        assert_eq!(res.status().as_u16(), 200);
+        let answer: serde_json::Value = res.json().await.expect("the chunked answer, reassembled");
+        assert_eq!(answer, serde_json::json!({ "method": "POST", "body_bytes": body.len() }));
+    }
+    let seen = upstream.requests();
+    assert_eq!(seen.len(), 3, "each request reached booking once");
+    for (round, request) in seen.iter().enumerate() {
+        assert!(
+            request.head.starts_with(&format!("POST /events/1/holds?round={round} HTTP/1.1\r\n")),
+            "{}",
+            request.head
+        );
+        assert_eq!(request.body, body.as_bytes());
+        assert_eq!(request.header("idempotency-key"), Some(format!("key-{round}").as_str()));
+        assert_eq!(request.header("content-type"), Some("application/json"));
+        assert!(request.header("authorization").is_some_and(|a| a.starts_with("Bearer ")));
+        // Hop-by-hop headers are the client's connection's, not booking's.
+        assert_eq!(request.header("connection"), None);
+        assert_eq!(request.header("keep-alive"), None);
+    }
+    assert!(seen.iter().all(|r| r.connection == 0), "the gateway kept and reused one connection to booking");
+}
+
+#[tokio::test]
+async fn a_connection_booking_closed_is_never_reused_for_a_request() {
+    // Booking closes every connection right after its answer, without saying so: each request must find that
+    // out (or fail on the closed connection and go again on a fresh one) and still get its answer, once.
+    let upstream = WireUpstream::start(WireMode::CloseAfterEach).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let url = format!("{}/events/1/seats", gw.base);
+    for i in 0..6 {
+        if i % 2 == 1 {
+            // Half the requests after a pause (the close noticed while idle), half at once (the close racing
+            // the next request).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let reply = gw.get("/events/1/seats", &[("authorization", &bearer(1))]).await;
+        assert_eq!(reply.status, 200, "request {i} to {url}: {}", reply.text);
+        assert_eq!(reply.body["method"], "GET");
+    }
+    let seen = upstream.requests();
+    let connections: Vec<usize> = seen.iter().map(|r| r.connection).collect();
+    assert_eq!(connections.len(), 6, "each request reached booking exactly once: {connections:?}");
+    connections.iter().fold(None, |last: Option<usize>, &c| {
+        assert!(last.is_none_or(|l| c > l), "a request went over a connection booking had closed: {connections:?}");
+        Some(c)
+    });
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_and_never_reaches_booking() {
+    let upstream = WireUpstream::start(WireMode::Chunked).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix()).arg("--max-body-bytes", 1024)).await;
+    let post = |len: usize| {
+        gw.client
+            .post(format!("{}/events/1/holds", gw.base))
+            .header("authorization", bearer(1))
+            .header("content-type", "application/json")
+            .body(vec![b' '; len])
+    };
+    let refused = gw.send(post(1025)).await;
+    assert_eq!((refused.status, refused.code()), (413, "body_too_large"), "{}", refused.text);
+    assert!(upstream.requests().is_empty(), "a refused body reached booking");
+    let accepted = gw.send(post(1024)).await;
+    assert_eq!(accepted.status, 200, "{}", accepted.text);
+    assert_eq!(accepted.body["body_bytes"], 1024);
+    assert_eq!(upstream.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_client_expecting_100_continue_gets_it_and_booking_gets_the_body() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = WireUpstream::start(WireMode::Chunked).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let addr = gw.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let body = r#"{"seat_ids":[1,2]}"#;
+    let head = format!(
+        "POST /events/1/holds HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nexpect: 100-continue\r\n\r\n",
+        bearer(1),
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).await.expect("write head");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf))
+        .await
+        .expect("the gateway answers 100 Continue without waiting for the body")
+        .expect("read");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 100 Continue\r\n"), "{}", String::from_utf8_lossy(&buf[..n]));
+    socket.write_all(body.as_bytes()).await.expect("write body");
+    let mut answer = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !answer.ends_with(b"0\r\n\r\n") {
+        assert!(std::time::Instant::now() < deadline, "no whole answer: {}", String::from_utf8_lossy(&answer));
+        let n =
+            tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await.expect("answer").expect("read");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"), "{}", String::from_utf8_lossy(&answer));
+    let seen = upstream.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, body.as_bytes());
+    assert_eq!(seen[0].header("expect"), None, "the gateway answered the expectation itself");
+}
+
+#[tokio::test]
+async fn booking_that_stops_answering_is_a_503_after_the_upstream_timeout_and_is_not_asked_twice() {
+    let upstream = WireUpstream::start(WireMode::SilentAfter(1)).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix()).arg("--upstream-timeout-ms", 300)).await;
+    let first = gw.get("/events/1", &[("authorization", &bearer(1))]).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    // The second goes over the kept connection, where booking reads it and says nothing.
+    let started = std::time::Instant::now();
+    let reply = gw.get("/events/1", &[("authorization", &bearer(1))]).await;
+    assert_eq!((reply.status, reply.code()), (503, "booking_unavailable"), "{}", reply.text);
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    let seen = upstream.requests();
+    assert_eq!(seen.len(), 2, "a request booking may be working on is not sent again: {seen:?}");
+    assert!(seen.iter().all(|r| r.connection == 0));
+}
+
+#[tokio::test]
+async fn a_request_that_is_not_http_gets_a_json_400_and_never_reaches_booking() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = WireUpstream::start(WireMode::Chunked).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let mut socket = tokio::net::TcpStream::connect(gw.base.trim_start_matches("http://")).await.expect("connect");
+    socket.write_all(b"GET /events/1 HTTP/1.1\r\nhost: x\r\nbad header line\r\n\r\n").await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer))
+        .await
+        .expect("the gateway answers and closes")
+        .expect("read");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 400 "), "{text}");
+    assert!(text.contains(r#""error":"invalid_request""#), "{text}");
+    assert!(upstream.requests().is_empty());
 }

@@ -1,0 +1,183 @@
+//! Forwarding one admitted request to booking over a kept-alive HTTP/1.1 connection, in the request's own task:
+//! the request is read whole first (bodies are small and capped), written upstream, and the response streamed
+//! back. Idle connections wait in a small LIFO pool; one that booking closed is noticed when it is taken (a
+//! read that does not block) and dropped. pingora's parser and writer frame both sides.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use pingora::http::RequestHeader;
+use pingora::protocols::Stream;
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::http::v1::client::HttpSession;
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// Idle connections kept at most; more are closed when returned.
+const MAX_IDLE: usize = 128;
+/// An idle connection older than this is closed rather than reused (booking's server closes idle connections
+/// after 30 s of silence; this stays well inside that).
+const MAX_IDLE_AGE: Duration = Duration::from_secs(20);
+/// Hop-by-hop request headers, not forwarded (RFC 9110 7.6.1): the upstream connection is the gateway's;
+/// `expect` too: the gateway answers a client's `100-continue` itself and sends booking the body at once.
+const NOT_FORWARDED: [&str; 7] =
+    ["connection", "keep-alive", "proxy-connection", "te", "upgrade", "proxy-authorization", "expect"];
+
+/// Why a request could not be forwarded.
+#[derive(Debug)]
+pub enum ForwardError {
+    /// Booking could not be reached or failed before answering: nothing was sent downstream.
+    Upstream(Box<pingora::Error>),
+    /// The client's side failed (its body or the write of the answer): nothing more can be said to it.
+    Downstream(Box<pingora::Error>),
+    /// The request body is larger than the gateway forwards.
+    TooLarge,
+}
+
+/// Booking's address and the idle connections to it.
+pub struct Upstream {
+    addr: SocketAddr,
+    max_body: usize,
+    timeout: Duration,
+    idle: Mutex<Vec<(Stream, Instant)>>,
+}
+
+impl Upstream {
+    pub fn new(addr: SocketAddr, max_body: usize, timeout: Duration) -> Self {
+        Self { addr, max_body, timeout, idle: Mutex::new(Vec::new()) }
+    }
+
+    /// Forwards the request `down` carries and streams booking's answer back; returns the answer's status.
+    pub async fn forward(&self, down: &mut ServerSession) -> Result<u16, ForwardError> {
+        let body = self.read_body(down).await?;
+        let mut req = Box::new(down.req_header().clone());
+        for name in NOT_FORWARDED {
+            req.remove_header(name);
+        }
+        // A reused connection may have been closed by booking just as it was taken: one more try on a fresh one
+        // when it turned out closed (not when booking was slow: that request may be in hand).
+        let (mut up, reused) = self.connection().await?;
+        let retry = reused.then(|| req.clone());
+        let mut sent = send(&mut up, req, &body).await;
+        if let (Err(e), Some(req)) = (&sent, retry)
+            && closed(e)
+        {
+            tracing::debug!(error = %e, "a reused connection to booking failed; trying a fresh one");
+            up = self.connect().await?;
+            sent = send(&mut up, req, &body).await;
+        }
+        sent.map_err(ForwardError::Upstream)?;
+        let resp = up.resp_header().cloned().expect("a response was read");
+        let status = resp.status.as_u16();
+        down.write_response_header(Box::new(resp)).await.map_err(ForwardError::Downstream)?;
+        loop {
+            match up.read_body_bytes().await {
+                Ok(Some(chunk)) => down.write_response_body(chunk, false).await.map_err(ForwardError::Downstream)?,
+                Ok(None) => break,
+                // The answer is half sent: the client's connection cannot be reused, and neither can booking's.
+                Err(e) => return Err(ForwardError::Downstream(e)),
+            }
+        }
+        up.respect_keepalive();
+        if up.will_keepalive()
+            && let Some(stream) = up.reuse().await
+        {
+            self.put(stream);
+        }
+        Ok(status)
+    }
+
+    async fn read_body(&self, down: &mut ServerSession) -> Result<Bytes, ForwardError> {
+        let expects = down.get_header("expect").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if expects {
+            down.write_continue_response().await.map_err(ForwardError::Downstream)?;
+        }
+        let mut body = BytesMut::new();
+        while let Some(chunk) = down.read_request_body().await.map_err(ForwardError::Downstream)? {
+            if body.len() + chunk.len() > self.max_body {
+                return Err(ForwardError::TooLarge);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body.freeze())
+    }
+
+    /// An idle connection still open, or a new one; and whether it was reused.
+    async fn connection(&self) -> Result<(HttpSession, bool), ForwardError> {
+        while let Some(mut stream) = self.take() {
+            if still_open(&mut stream) {
+                return Ok((self.session(stream), true));
+            }
+        }
+        Ok((self.connect().await?, false))
+    }
+
+    async fn connect(&self) -> Result<HttpSession, ForwardError> {
+        let tcp = tokio::time::timeout(self.timeout, tokio::net::TcpStream::connect(self.addr))
+            .await
+            .map_err(|_| upstream_error(pingora::ErrorType::ConnectTimedout, "connecting to booking timed out"))?
+            .map_err(|e| upstream_error(pingora::ErrorType::ConnectRefused, &format!("connecting to booking: {e}")))?;
+        let _ = tcp.set_nodelay(true);
+        Ok(self.session(Box::new(pingora::protocols::l4::stream::Stream::from(tcp))))
+    }
+
+    fn session(&self, stream: Stream) -> HttpSession {
+        let mut up = HttpSession::new(stream);
+        up.read_timeout = Some(self.timeout);
+        up.write_timeout = Some(self.timeout);
+        up
+    }
+
+    fn take(&self) -> Option<Stream> {
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some((stream, since)) = idle.pop() {
+            if since.elapsed() < MAX_IDLE_AGE {
+                return Some(stream);
+            }
+        }
+        None
+    }
+
+    fn put(&self, stream: Stream) {
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if idle.len() < MAX_IDLE {
+            idle.push((stream, Instant::now()));
+        }
+    }
+}
+
+async fn send(up: &mut HttpSession, req: Box<RequestHeader>, body: &[u8]) -> pingora::Result<()> {
+    up.write_request_header(req).await?;
+    if !body.is_empty() {
+        up.write_body(body).await?;
+    }
+    up.finish_body().await?;
+    // Booking sends no informational answers to requests without `Expect`; skip any all the same.
+    loop {
+        up.read_response().await?;
+        if !up.get_status().is_some_and(|s| s.is_informational()) {
+            return Ok(());
+        }
+    }
+}
+
+/// Whether an idle connection is still open: reading from it must not be ready (booking sends nothing
+/// unasked, so anything ready is its close, an error, or garbage). Costs nothing while the socket is quiet.
+fn still_open(stream: &mut Stream) -> bool {
+    let mut byte = [0u8; 1];
+    let mut buf = ReadBuf::new(&mut byte);
+    let mut cx = Context::from_waker(Waker::noop());
+    matches!(std::pin::Pin::new(stream).poll_read(&mut cx, &mut buf), Poll::Pending)
+}
+
+/// Whether a failed exchange met a closed or reset connection, rather than a timeout or a bad answer.
+fn closed(e: &pingora::Error) -> bool {
+    use pingora::ErrorType::{ConnectionClosed, ReadError, WriteError};
+    matches!(e.etype(), ConnectionClosed | ReadError | WriteError)
+}
+
+fn upstream_error(kind: pingora::ErrorType, why: &str) -> ForwardError {
+    ForwardError::Upstream(pingora::Error::explain(kind, why.to_owned()))
+}
