@@ -100,9 +100,10 @@ pub struct Config {
     /// Lifetime of a queue ticket, in seconds.
     #[arg(long, env = "GATEWAY_TICKET_TTL_SECONDS", default_value_t = 43_200)]
     pub ticket_ttl_seconds: u64,
-    /// Worker threads of the public listener. One is fastest on a 2-core box shared with booking (measured:
-    /// 43k forwarded requests/s with 1, 29k with 2); give more on a machine of its own.
-    #[arg(long, env = "GATEWAY_THREADS", default_value_t = 1)]
+    /// Worker threads of the public listener (more than one share their work). Two forward about 8% more
+    /// requests per second than one on a 2-core box shared with booking and the client (36,935-37,791 against
+    /// 32,207-34,888, `deploy/bench-gateway`, three alternating runs); give more on a machine of its own.
+    #[arg(long, env = "GATEWAY_THREADS", default_value_t = 2)]
     pub threads: usize,
     /// Seconds a SIGTERM waits for in-flight requests before the gateway exits (SIGINT exits at once).
     #[arg(long, env = "GATEWAY_GRACE_SECONDS", default_value_t = 5)]

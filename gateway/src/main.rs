@@ -77,8 +77,8 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
 
     let conf = ServerConf {
         threads: cfg.threads.max(1),
-        // One worker: a plain current-thread runtime (measured fastest on the 2-core box). Several: let them
-        // share work, so a Redis connection made on one runtime is driven wherever it is used.
+        // One worker: a plain current-thread runtime. Several: let them share work, so a Redis connection made on
+        // one runtime is driven wherever it is used.
         work_stealing: cfg.threads > 1,
         grace_period_seconds: Some(cfg.grace_seconds),
         graceful_shutdown_timeout_seconds: Some(1),

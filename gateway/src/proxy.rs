@@ -154,27 +154,32 @@ impl Gateway {
     }
 
     async fn forward(&self, session: &mut ServerSession) -> bool {
-        let failed = match self.upstream.forward(session).await {
+        let (failed, reusable) = match self.upstream.forward(session).await {
             Ok(status) => {
                 crate::metrics::record_response(true, status);
                 return true;
             }
             Err(ForwardError::Downstream(_)) => return false,
             Err(ForwardError::TooLarge) => {
-                Reply::error(413, "body_too_large", "the request body is larger than the gateway forwards")
+                // The rest of the body is still on its way: the answer says the connection closes, so the client
+                // neither reuses it nor loses the answer to a reset.
+                session.set_keepalive(None);
+                let reply = Reply::error(413, "body_too_large", "the request body is larger than the gateway forwards");
+                (reply, false)
             }
             Err(ForwardError::Upstream(e)) => {
                 // Booking unreachable is "dependency down": 503 with Retry-After and a JSON body, never a bare 502.
+                // The request was read whole before booking was asked, so the client's connection stays usable.
                 tracing::warn!(error = %e, "booking unreachable");
-                Reply::error(503, "booking_unavailable", "booking is not answering; retry shortly")
-                    .header("retry-after", "1".into())
+                let reply = Reply::error(503, "booking_unavailable", "booking is not answering; retry shortly")
+                    .header("retry-after", "1".into());
+                (reply, true)
             }
         };
         let status = failed.status;
-        let _ = respond(session, failed).await;
+        let written = respond(session, failed).await.is_ok();
         crate::metrics::record_response(true, status);
-        // The request's body may be half read: the connection is not reused.
-        false
+        written && reusable
     }
 }
 

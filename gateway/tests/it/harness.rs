@@ -130,7 +130,6 @@ impl GatewayProcess {
             ("--admin-token", ADMIN_TOKEN.to_owned()),
             ("--admission-keys", KEYS.to_owned()),
             ("--account-keys", ACCOUNT_KEYS.to_owned()),
-            ("--threads", "1".to_owned()),
             ("--grace-seconds", "0".to_owned()),
             ("--redis-url", node.redis_url.clone()),
             ("--redis-key-prefix", node.prefix.clone()),

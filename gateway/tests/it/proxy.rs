@@ -208,6 +208,9 @@ async fn a_body_over_the_limit_is_413_and_never_reaches_booking() {
     };
     let refused = gw.send(post(1025)).await;
     assert_eq!((refused.status, refused.code()), (413, "body_too_large"), "{}", refused.text);
+    // The gateway closes a connection whose body it did not read, and says so: the client's next request (on
+    // the same client) goes on a new connection instead of meeting a reset.
+    assert_eq!(refused.header("connection").map(str::to_ascii_lowercase).as_deref(), Some("close"));
     assert!(upstream.requests().is_empty(), "a refused body reached booking");
     let accepted = gw.send(post(1024)).await;
     assert_eq!(accepted.status, 200, "{}", accepted.text);
