@@ -1,5 +1,5 @@
-//! The pingora proxy: each request phase is small; a refusal, a queue answer or the waiting-room page is a
-//! response the phase writes before returning `Ok(true)`, not an error.
+//! The public listener, as a pingora `HttpServerApp`: each request is routed, then answered here (a refusal, a
+//! queue answer, the waiting-room page) or admitted and forwarded to booking (`forward`), and counted.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
