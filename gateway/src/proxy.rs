@@ -37,6 +37,14 @@ impl Gateway {
     }
 }
 
+/// Writes a whole response and counts it (`proxied`: in front of booking); returns whether it was written.
+async fn answer(session: &mut ServerSession, reply: Reply, proxied: bool) -> bool {
+    let status = reply.status;
+    let written = respond(session, reply).await.is_ok();
+    crate::metrics::record_response(proxied, status);
+    written
+}
+
 /// Writes a whole response.
 async fn respond(session: &mut ServerSession, reply: Reply) -> Result<()> {
     let mut resp = ResponseHeader::build(reply.status, Some(reply.headers.len() + 1))?;
@@ -130,9 +138,7 @@ impl Gateway {
         }
         None
     }
-}
 
-impl Gateway {
     /// Answers one request: a refusal, a queue answer or the page, or booking's answer to the forwarded request.
     /// Returns whether the client's connection may serve another request.
     async fn serve(&self, session: &mut ServerSession) -> bool {
@@ -147,10 +153,7 @@ impl Gateway {
             },
             Route::QueuePage(_) | Route::QueueJoin(_) | Route::QueueStatus(_) => self.queue(session, &route).await,
         };
-        let status = reply.status;
-        let written = respond(session, reply).await.is_ok();
-        crate::metrics::record_response(false, status);
-        written
+        answer(session, reply, false).await
     }
 
     async fn forward(&self, session: &mut ServerSession) -> bool {
@@ -176,10 +179,7 @@ impl Gateway {
                 (reply, true)
             }
         };
-        let status = failed.status;
-        let written = respond(session, failed).await.is_ok();
-        crate::metrics::record_response(true, status);
-        written && reusable
+        answer(session, failed, true).await && reusable
     }
 }
 
@@ -197,8 +197,7 @@ impl HttpServerApp for Gateway {
             Err(e) => {
                 if matches!(e.etype(), pingora::ErrorType::InvalidHTTPHeader) {
                     let reply = Reply::error(400, "invalid_request", "the request is not valid HTTP/1.1");
-                    let _ = respond(&mut session, reply).await;
-                    crate::metrics::record_response(false, 400);
+                    answer(&mut session, reply, false).await;
                 }
                 session.shutdown().await;
                 return None;
