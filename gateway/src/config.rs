@@ -39,6 +39,11 @@ pub struct Config {
     /// Booking's address (HTTP/1.1, connections kept alive and reused).
     #[arg(long, env = "BOOKING_UPSTREAM", default_value = "127.0.0.1:18080")]
     pub upstream: SocketAddr,
+    /// Booking's Unix socket (`BOOKING_LISTEN_UNIX`), when booking runs on this machine: forwarded requests go
+    /// over it instead of TCP, which costs both sides less CPU per request. `BOOKING_UPSTREAM` still carries
+    /// the availability poll.
+    #[arg(long, env = "BOOKING_UPSTREAM_UNIX")]
+    pub upstream_unix: Option<std::path::PathBuf>,
     /// Longest wait for booking, in milliseconds: to connect, and for each read or write of a forwarded
     /// request; past it the client gets 503 `booking_unavailable` (or, mid-answer, a closed connection).
     #[arg(long, env = "GATEWAY_UPSTREAM_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]

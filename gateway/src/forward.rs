@@ -4,6 +4,7 @@
 //! read that does not block) and dropped. pingora's parser and writer frame both sides.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -36,17 +37,25 @@ pub enum ForwardError {
     TooLarge,
 }
 
+/// Where booking answers.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Tcp(SocketAddr),
+    /// A Unix socket: booking on the same machine.
+    Unix(PathBuf),
+}
+
 /// Booking's address and the idle connections to it.
 pub struct Upstream {
-    addr: SocketAddr,
+    target: Target,
     max_body: usize,
     timeout: Duration,
     idle: Mutex<Vec<(Stream, Instant)>>,
 }
 
 impl Upstream {
-    pub fn new(addr: SocketAddr, max_body: usize, timeout: Duration) -> Self {
-        Self { addr, max_body, timeout, idle: Mutex::new(Vec::new()) }
+    pub fn new(target: Target, max_body: usize, timeout: Duration) -> Self {
+        Self { target, max_body, timeout, idle: Mutex::new(Vec::new()) }
     }
 
     /// Forwards the request `down` carries and streams booking's answer back; returns the answer's status.
@@ -115,12 +124,22 @@ impl Upstream {
     }
 
     async fn connect(&self) -> Result<HttpSession, ForwardError> {
-        let tcp = tokio::time::timeout(self.timeout, tokio::net::TcpStream::connect(self.addr))
+        use pingora::protocols::l4::stream::Stream as L4;
+        let connect = async {
+            match &self.target {
+                Target::Tcp(addr) => {
+                    let tcp = tokio::net::TcpStream::connect(addr).await?;
+                    let _ = tcp.set_nodelay(true);
+                    Ok::<_, std::io::Error>(L4::from(tcp))
+                }
+                Target::Unix(path) => Ok(L4::from(tokio::net::UnixStream::connect(path).await?)),
+            }
+        };
+        let stream = tokio::time::timeout(self.timeout, connect)
             .await
             .map_err(|_| upstream_error(pingora::ErrorType::ConnectTimedout, "connecting to booking timed out"))?
             .map_err(|e| upstream_error(pingora::ErrorType::ConnectRefused, &format!("connecting to booking: {e}")))?;
-        let _ = tcp.set_nodelay(true);
-        Ok(self.session(Box::new(pingora::protocols::l4::stream::Stream::from(tcp))))
+        Ok(self.session(Box::new(stream)))
     }
 
     fn session(&self, stream: Stream) -> HttpSession {

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use gateway::admin::Admin;
 use gateway::config::{Cli, Command, Config};
+use gateway::forward::Target;
 use gateway::limits::Limits;
 use gateway::proxy::Gateway;
 use gateway::queue::{Queue, QueueOptions};
@@ -86,7 +87,11 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let upstream = gateway::forward::Upstream::new(cfg.upstream, cfg.max_body_bytes, cfg.upstream_timeout());
+    let target = match &cfg.upstream_unix {
+        Some(path) => Target::Unix(path.clone()),
+        None => Target::Tcp(cfg.upstream),
+    };
+    let upstream = gateway::forward::Upstream::new(target, cfg.max_body_bytes, cfg.upstream_timeout());
     let gateway = Gateway::new(keyring.clone(), upstream, queue, limits.clone());
     let mut proxy = pingora::services::listening::Service::new("gateway".into(), gateway);
     proxy.add_tcp(&cfg.listen.to_string());
@@ -114,6 +119,9 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         stale_after: cfg.stale_after(),
     };
     server.add_service(background_service("admin listener", admin));
-    tracing::info!(listen = %cfg.listen, admin = %cfg.admin_listen, upstream = %cfg.upstream, "gateway listening");
+    tracing::info!(
+        listen = %cfg.listen, admin = %cfg.admin_listen, upstream = %cfg.upstream, upstream_unix = ?cfg.upstream_unix,
+        "gateway listening"
+    );
     server.run_forever()
 }

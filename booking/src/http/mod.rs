@@ -22,11 +22,13 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
+use futures::FutureExt;
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use std::future::IntoFuture;
 use tokens::Keyring;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 
 pub use error::{ApiError, ErrorBody};
 
@@ -198,6 +200,7 @@ pub fn router(state: AppState) -> Router {
 /// (sweeper, outbox relay) running beside it and stopped with it.
 pub async fn serve(
     listener: TcpListener,
+    unix: Option<UnixListener>,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -214,7 +217,17 @@ pub async fn serve(
         let (conn, _) = state.holds.connection();
         background.push(tokio::spawn(workers::relay(state.pool.clone(), conn, relay)));
     }
-    let served = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await;
+    let app = router(state);
+    let shutdown = shutdown.shared();
+    let tcp = axum::serve(listener, app.clone()).with_graceful_shutdown(shutdown.clone()).into_future();
+    let served = match unix {
+        Some(unix) => {
+            let unix = axum::serve(unix, app).with_graceful_shutdown(shutdown).into_future();
+            let (tcp, unix) = tokio::join!(tcp, unix);
+            tcp.and(unix)
+        }
+        None => tcp.await,
+    };
     for task in &background {
         task.abort();
     }
@@ -222,6 +235,21 @@ pub async fn serve(
         let _ = task.await;
     }
     served
+}
+
+/// Binds booking's Unix socket at `path`, replacing a stale socket file (never any other kind of file), open to
+/// every local user as the loopback port is.
+pub fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        anyhow::ensure!(meta.file_type().is_socket(), "{} exists and is not a socket", path.display());
+        std::fs::remove_file(path).with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .with_context(|| format!("opening {} to local users", path.display()))?;
+    tracing::info!(path = %path.display(), "booking listening on a Unix socket");
+    Ok(listener)
 }
 
 /// Counts requests and their latency by route template and status (low cardinality: never an id).

@@ -117,7 +117,8 @@ impl TestApp {
         };
         let state = AppState::build(&cfg, pool.clone()).await.expect("state");
         let (tx, rx) = oneshot::channel::<()>();
-        let server = tokio::spawn(http::serve(listener, state, async {
+        let unix = cfg.listen_unix.as_deref().map(|path| http::bind_unix(path).expect("bind the Unix socket"));
+        let server = tokio::spawn(http::serve(listener, unix, state, async {
             let _ = rx.await;
         }));
         let redis = redis::Client::open(url.as_str())

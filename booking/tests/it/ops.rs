@@ -17,6 +17,55 @@ async fn health_readiness_and_metrics_answer(pool: PgPool) {
     app.stop().await;
 }
 
+/// One HTTP/1.1 exchange over booking's Unix socket, written against the socket: the status and the body.
+async fn over_unix(path: &std::path::Path, request: String) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::UnixStream::connect(path).await.expect("connect to the Unix socket");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("read");
+    let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_same_api_answers_on_the_unix_socket(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("booking-unix-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("booking.sock");
+    // A stale socket file from a process that died is replaced; any other file is never touched.
+    drop(std::os::unix::net::UnixListener::bind(&path).expect("a stale socket"));
+    let app = TestApp::spawn_with(pool, &["--listen-unix", path.to_str().expect("utf-8 path")]).await;
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).expect("socket").permissions());
+    assert_eq!(mode & 0o777, 0o666, "open to local users, as the loopback port is");
+
+    let event = app.event;
+    let proof = app.proof("fan-unix");
+    let (status, body) = over_unix(
+        &path,
+        format!(
+            "GET /events/{event} HTTP/1.1\r\nHost: booking\r\nAuthorization: Bearer {proof}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let over_tcp = app.get_event("fan-unix").await;
+    let body: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(body, over_tcp.body, "the same answer as over TCP");
+    let (status, _) =
+        over_unix(&path, format!("GET /events/{event} HTTP/1.1\r\nHost: booking\r\nConnection: close\r\n\r\n")).await;
+    assert_eq!(status, 401, "the socket needs the same admission proof");
+    app.stop().await;
+
+    let file = dir.join("not-a-socket");
+    std::fs::write(&file, b"keep me").expect("file");
+    let refused = booking::http::bind_unix(&file).expect_err("a regular file is not replaced");
+    assert!(refused.to_string().contains("not a socket"), "{refused}");
+    assert_eq!(std::fs::read(&file).expect("still there"), b"keep me");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn event_lists_ticket_types_and_seats_on_sale(pool: PgPool) {
     let app = TestApp::spawn(pool).await;

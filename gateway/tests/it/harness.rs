@@ -1,6 +1,7 @@
 //! The test harness: a real counting upstream, the real `gateway` binary (pingora) on loopback ports, the real
 //! Redis of the local stack (each test under its own key prefix), and one helper per endpoint.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -39,6 +40,7 @@ pub fn free_port() -> u16 {
 pub struct Upstream {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
+    unix_hits: Arc<AtomicUsize>,
     pub sold_out: Arc<AtomicBool>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -46,34 +48,62 @@ pub struct Upstream {
 
 impl Upstream {
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// The same upstream, also answering on a Unix socket at `path` (as `booking serve --listen-unix` does);
+    /// what arrives there is counted apart, in [`Self::unix_hits`].
+    pub async fn start_unix(path: &std::path::Path) -> Self {
+        Self::start_with(Some(path)).await
+    }
+
+    async fn start_with(unix: Option<&std::path::Path>) -> Self {
         let hits = Arc::new(AtomicUsize::new(0));
+        let unix_hits = Arc::new(AtomicUsize::new(0));
         let sold_out = Arc::new(AtomicBool::new(false));
-        let counter = hits.clone();
-        let flag = sold_out.clone();
-        let app = Router::new().fallback(any(move |uri: axum::http::Uri| {
-            let counter = counter.clone();
-            let flag = flag.clone();
-            async move {
-                let body = if uri.path().ends_with("/availability") {
-                    serde_json::json!({ "sold_out": flag.load(Ordering::SeqCst) }).to_string()
-                } else {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    r#"{"upstream":true}"#.to_owned()
-                };
-                ([("content-type", "application/json")], body)
-            }
-        }));
+        let app = |counter: Arc<AtomicUsize>, flag: Arc<AtomicBool>| {
+            Router::new().fallback(any(move |uri: axum::http::Uri| {
+                let counter = counter.clone();
+                let flag = flag.clone();
+                async move {
+                    let body = if uri.path().ends_with("/availability") {
+                        serde_json::json!({ "sold_out": flag.load(Ordering::SeqCst) }).to_string()
+                    } else {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        r#"{"upstream":true}"#.to_owned()
+                    };
+                    ([("content-type", "application/json")], body)
+                }
+            }))
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
         let addr = listener.local_addr().expect("addr");
+        let unix = unix.map(|path| tokio::net::UnixListener::bind(path).expect("bind the upstream's Unix socket"));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let tcp_app = app(hits.clone(), sold_out.clone());
+        let unix_app = app(unix_hits.clone(), sold_out.clone());
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = rx.await;
-                })
-                .await;
+            let stop = async {
+                let _ = rx.await;
+            };
+            match unix {
+                Some(unix) => {
+                    tokio::select! {
+                        _ = axum::serve(listener, tcp_app).into_future() => {}
+                        _ = axum::serve(unix, unix_app).into_future() => {}
+                        () = stop => {}
+                    }
+                }
+                None => {
+                    let _ = axum::serve(listener, tcp_app).with_graceful_shutdown(stop).await;
+                }
+            }
         });
-        Self { addr, hits, sold_out, shutdown: Some(tx), task: Some(task) }
+        Self { addr, hits, unix_hits, sold_out, shutdown: Some(tx), task: Some(task) }
+    }
+
+    pub fn unix_hits(&self) -> usize {
+        self.unix_hits.load(Ordering::SeqCst)
     }
 
     pub fn hits(&self) -> usize {

@@ -47,6 +47,29 @@ async fn a_valid_proof_is_forwarded_from_header_or_cookie() {
 }
 
 #[tokio::test]
+async fn forwarded_requests_go_over_booking_s_unix_socket_when_set() {
+    let dir = std::env::temp_dir().join(format!("gateway-unix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join(format!("booking-{}.sock", prefix().trim_end_matches(':')));
+    let upstream = Upstream::start_unix(&path).await;
+    let node = Node::new(upstream.addr, &prefix()).arg("--upstream-unix", path.display());
+    let gw = GatewayProcess::start(node).await;
+    let client = reqwest::Client::new();
+    let token = proof(KEYS, 1, unix_now(), 60);
+    let auth = format!("Bearer {token}");
+    let headers = [("authorization", auth.as_str())];
+    let url = format!("{}/events/1/seats", gw.base);
+    let answers = futures::future::join_all((0..20).map(|_| get(&client, &url, &headers))).await;
+    for (status, body, _) in &answers {
+        assert_eq!((*status, body.as_str()), (200, r#"{"upstream":true}"#));
+    }
+    assert_eq!((upstream.unix_hits(), upstream.hits()), (20, 0), "every request over the socket, none over TCP");
+    drop(gw);
+    upstream.stop().await;
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test]
 async fn bad_proofs_are_refused_and_never_reach_booking() {
     let upstream = Upstream::start().await;
     let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
