@@ -1,7 +1,9 @@
 //! Forwarding one admitted request to booking over a kept-alive HTTP/1.1 connection, in the request's own task:
-//! the request is read whole first (bodies are small and capped), written upstream, and the response streamed
-//! back. Idle connections wait in a small LIFO pool; one that booking closed is noticed when it is taken (a
-//! read that does not block) and dropped. pingora's parser and writer frame both sides.
+//! the request is read whole first (bodies are small and capped), written upstream in one write, and the
+//! response streamed back. Idle connections wait in a small LIFO pool; one that booking closed is noticed when it
+//! is taken (a read that does not block) and dropped. pingora parses the client's request and booking's answer
+//! and frames the answer to the client; the request to booking is written here, from pingora's parsed header,
+//! straight into one buffer (pingora's client would clone the header, then build and serialise another).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,11 +12,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use pingora::http::RequestHeader;
+use pingora::http::{Method, RequestHeader};
 use pingora::protocols::Stream;
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::http::v1::client::HttpSession;
-use tokio::io::{AsyncRead, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 
 /// Idle connections kept at most; more are closed when returned.
 const MAX_IDLE: usize = 128;
@@ -61,26 +63,27 @@ impl Upstream {
     /// Forwards the request `down` carries and streams booking's answer back; returns the answer's status.
     pub async fn forward(&self, down: &mut ServerSession) -> Result<u16, ForwardError> {
         let body = self.read_body(down).await?;
-        let mut req = Box::new(down.req_header().clone());
-        for name in NOT_FORWARDED {
-            req.remove_header(name);
-        }
+        let request = request_bytes(down.req_header(), &body);
+        // A HEAD answer announces a body it does not carry: it is not read, and the connection not kept.
+        let head_only = down.req_header().method == Method::HEAD;
         // A reused connection may have been closed by booking just as it was taken: one more try on a fresh one
         // when it turned out closed (not when booking was slow: that request may be in hand).
-        let (mut up, reused) = self.connection().await?;
-        let retry = reused.then(|| req.clone());
-        let mut sent = send(&mut up, req, &body).await;
-        if let (Err(e), Some(req)) = (&sent, retry)
+        let (stream, reused) = self.connection().await?;
+        let mut sent = self.exchange(stream, &request).await;
+        if reused
+            && let Err(e) = &sent
             && closed(e)
         {
             tracing::debug!(error = %e, "a reused connection to booking failed; trying a fresh one");
-            up = self.connect().await?;
-            sent = send(&mut up, req, &body).await;
+            sent = self.exchange(self.connect().await?, &request).await;
         }
-        sent.map_err(ForwardError::Upstream)?;
+        let mut up = sent.map_err(ForwardError::Upstream)?;
         let resp = up.resp_header().cloned().expect("a response was read");
         let status = resp.status.as_u16();
         down.write_response_header(Box::new(resp)).await.map_err(ForwardError::Downstream)?;
+        if head_only {
+            return Ok(status);
+        }
         loop {
             match up.read_body_bytes().await {
                 Ok(Some(chunk)) => down.write_response_body(chunk, false).await.map_err(ForwardError::Downstream)?,
@@ -96,6 +99,27 @@ impl Upstream {
             self.put(stream);
         }
         Ok(status)
+    }
+
+    /// Writes the request on `stream` and reads booking's answer up to its body.
+    async fn exchange(&self, mut stream: Stream, request: &[u8]) -> pingora::Result<HttpSession> {
+        let write = async {
+            stream.write_all(request).await?;
+            stream.flush().await
+        };
+        match tokio::time::timeout(self.timeout, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return pingora::Error::e_because(pingora::ErrorType::WriteError, "writing to booking", e),
+            Err(_) => return pingora::Error::e_explain(pingora::ErrorType::WriteTimedout, "writing to booking"),
+        }
+        let mut up = self.session(stream);
+        // Booking sends no informational answers to requests without `Expect`; skip any all the same.
+        loop {
+            up.read_response().await?;
+            if !up.get_status().is_some_and(|s| s.is_informational()) {
+                return Ok(up);
+            }
+        }
     }
 
     async fn read_body(&self, down: &mut ServerSession) -> Result<Bytes, ForwardError> {
@@ -114,16 +138,16 @@ impl Upstream {
     }
 
     /// An idle connection still open, or a new one; and whether it was reused.
-    async fn connection(&self) -> Result<(HttpSession, bool), ForwardError> {
+    async fn connection(&self) -> Result<(Stream, bool), ForwardError> {
         while let Some(mut stream) = self.take() {
             if still_open(&mut stream) {
-                return Ok((self.session(stream), true));
+                return Ok((stream, true));
             }
         }
         Ok((self.connect().await?, false))
     }
 
-    async fn connect(&self) -> Result<HttpSession, ForwardError> {
+    async fn connect(&self) -> Result<Stream, ForwardError> {
         use pingora::protocols::l4::stream::Stream as L4;
         let connect = async {
             match &self.target {
@@ -139,13 +163,13 @@ impl Upstream {
             .await
             .map_err(|_| upstream_error(pingora::ErrorType::ConnectTimedout, "connecting to booking timed out"))?
             .map_err(|e| upstream_error(pingora::ErrorType::ConnectRefused, &format!("connecting to booking: {e}")))?;
-        Ok(self.session(Box::new(stream)))
+        Ok(Box::new(stream))
     }
 
+    /// A client session reading booking's answer on `stream`, with the upstream timeout on each read.
     fn session(&self, stream: Stream) -> HttpSession {
         let mut up = HttpSession::new(stream);
         up.read_timeout = Some(self.timeout);
-        up.write_timeout = Some(self.timeout);
         up
     }
 
@@ -167,19 +191,37 @@ impl Upstream {
     }
 }
 
-async fn send(up: &mut HttpSession, req: Box<RequestHeader>, body: &[u8]) -> pingora::Result<()> {
-    up.write_request_header(req).await?;
-    if !body.is_empty() {
-        up.write_body(body).await?;
-    }
-    up.finish_body().await?;
-    // Booking sends no informational answers to requests without `Expect`; skip any all the same.
-    loop {
-        up.read_response().await?;
-        if !up.get_status().is_some_and(|s| s.is_informational()) {
-            return Ok(());
+/// The request as booking gets it, in one buffer: the client's method and path as they came, HTTP/1.1, the
+/// client's headers less the hop-by-hop ones and its body framing, a `content-length` when the client framed a
+/// body (or sent one), and the body. pingora parsed and validated the request: nothing here can carry a CR or LF.
+fn request_bytes(req: &RequestHeader, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + req.headers.len() * 64 + body.len());
+    out.extend_from_slice(req.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(req.raw_path());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut framed = !body.is_empty();
+    for (name, value) in &req.headers {
+        if matches!(name.as_str(), "content-length" | "transfer-encoding") {
+            framed = true;
+            continue;
         }
+        if NOT_FORWARDED.contains(&name.as_str()) {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
+    if framed {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(body.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
 }
 
 /// Whether an idle connection is still open: reading from it must not be ready (booking sends nothing

@@ -379,7 +379,8 @@ impl WireRequest {
 /// How a [`WireUpstream`] answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WireMode {
-    /// 200 with a chunked JSON body naming the request's method and body length; the connection stays open.
+    /// 200 with a chunked JSON body naming the request's method and body length (to a HEAD, only a head with
+    /// `content-length: 42`); the connection stays open.
     Chunked,
     /// The same, then the connection is closed without notice (as a server does with an idle connection).
     CloseAfterEach,
@@ -458,6 +459,17 @@ async fn serve_wire(
         if mode == WireMode::SilentAfter(answered) {
             tokio::time::sleep(Duration::from_secs(60)).await;
             return;
+        }
+        if method == "HEAD" {
+            // The length a GET's answer would have, and no body.
+            if socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 42\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return;
+            }
+            continue;
         }
         // The body in three chunks, so the gateway has to stream a chunked answer.
         let parts = [r#"{"method":""#.to_owned(), format!(r#"{method}","body_bytes":"#), format!("{length}}}")];

@@ -192,6 +192,71 @@ async fn a_request_is_forwarded_whole_and_its_chunked_answer_streamed_back_over_
     assert!(seen.iter().all(|r| r.connection == 0), "the gateway kept and reused one connection to booking");
 }
 
+/// Writes `request` on a new connection to the gateway and reads until `done` says the answer is whole.
+async fn raw_exchange(socket: &mut tokio::net::TcpStream, request: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    socket.write_all(request).await.expect("write");
+    let (mut answer, mut buf) = (Vec::new(), vec![0u8; 4096]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !done(&answer) {
+        assert!(std::time::Instant::now() < deadline, "no whole answer: {}", String::from_utf8_lossy(&answer));
+        let n =
+            tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await.expect("answer").expect("read");
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+    }
+    answer
+}
+
+#[tokio::test]
+async fn a_head_answer_carries_no_body_and_the_connection_goes_on() {
+    let upstream = WireUpstream::start(WireMode::Chunked).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let addr = gw.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let auth = bearer(1);
+    let head = format!("HEAD /events/1 HTTP/1.1\r\nhost: {addr}\r\nauthorization: {auth}\r\n\r\n");
+    let answer = raw_exchange(&mut socket, head.as_bytes(), |a| a.windows(4).any(|w| w == b"\r\n\r\n")).await;
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 200 ok\r\n"), "{text}");
+    assert!(text.contains("content-length: 42\r\n"), "booking's length is kept: {text}");
+    assert!(text.ends_with("\r\n\r\n"), "nothing after the head: {text}");
+    // The same client connection carries the next request, and its answer is the first thing read: no body of
+    // the HEAD answer came in between.
+    let get = format!("GET /events/1 HTTP/1.1\r\nhost: {addr}\r\nauthorization: {auth}\r\nconnection: close\r\n\r\n");
+    let answer = raw_exchange(&mut socket, get.as_bytes(), |_| false).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains(r#"GET","body_bytes":"#), "booking's chunked answer to the GET: {text}");
+    let methods: Vec<String> =
+        upstream.requests().iter().map(|r| r.head.split(' ').next().unwrap_or("").to_owned()).collect();
+    assert_eq!(methods, ["HEAD", "GET"], "each reached booking once");
+}
+
+#[tokio::test]
+async fn a_chunked_request_body_reaches_booking_whole_with_its_length() {
+    let upstream = WireUpstream::start(WireMode::Chunked).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let addr = gw.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let request = format!(
+        "POST /events/1/holds HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\ncontent-type: application/json\r\n\
+         transfer-encoding: chunked\r\nconnection: close\r\n\r\n7\r\n{{\"seat_\r\nb\r\nids\":[1,2]}}\r\n0\r\n\r\n",
+        bearer(1)
+    );
+    let answer = raw_exchange(&mut socket, request.as_bytes(), |_| false).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    let seen = upstream.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, br#"{"seat_ids":[1,2]}"#);
+    assert_eq!(seen[0].header("content-length"), Some("18"));
+    assert_eq!(seen[0].header("transfer-encoding"), None, "the body went read whole, with its length");
+    assert!(seen[0].head.starts_with("POST /events/1/holds HTTP/1.1\r\n"), "{}", seen[0].head);
+}
+
 #[tokio::test]
 async fn a_connection_booking_closed_is_never_reused_for_a_request() {
     // Booking closes every connection right after its answer, without saying so: each request must find that
