@@ -192,7 +192,18 @@ async fn a_request_is_forwarded_whole_and_its_chunked_answer_streamed_back_over_
     assert!(seen.iter().all(|r| r.connection == 0), "the gateway kept and reused one connection to booking");
 }
 
-/// Writes `request` on a new connection to the gateway and reads until `done` says the answer is whole.
+/// A recording upstream, a gateway in front of it, the gateway's address and a client connection to it, written
+/// against the socket.
+async fn raw_client() -> (WireUpstream, GatewayProcess, String, tokio::net::TcpStream) {
+    let upstream = WireUpstream::start(WireMode::Chunked).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let addr = gw.base.trim_start_matches("http://").to_owned();
+    let socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    (upstream, gw, addr, socket)
+}
+
+/// Writes `request` on the client's connection and reads until `done` says the answer is whole (or the gateway
+/// closes the connection).
 async fn raw_exchange(socket: &mut tokio::net::TcpStream, request: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     socket.write_all(request).await.expect("write");
@@ -212,10 +223,7 @@ async fn raw_exchange(socket: &mut tokio::net::TcpStream, request: &[u8], done: 
 
 #[tokio::test]
 async fn a_head_answer_carries_no_body_and_the_connection_goes_on() {
-    let upstream = WireUpstream::start(WireMode::Chunked).await;
-    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
-    let addr = gw.base.trim_start_matches("http://").to_owned();
-    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let (upstream, _gw, addr, mut socket) = raw_client().await;
     let auth = bearer(1);
     let head = format!("HEAD /events/1 HTTP/1.1\r\nhost: {addr}\r\nauthorization: {auth}\r\n\r\n");
     let answer = raw_exchange(&mut socket, head.as_bytes(), |a| a.windows(4).any(|w| w == b"\r\n\r\n")).await;
@@ -237,10 +245,7 @@ async fn a_head_answer_carries_no_body_and_the_connection_goes_on() {
 
 #[tokio::test]
 async fn a_chunked_request_body_reaches_booking_whole_with_its_length() {
-    let upstream = WireUpstream::start(WireMode::Chunked).await;
-    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
-    let addr = gw.base.trim_start_matches("http://").to_owned();
-    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let (upstream, _gw, addr, mut socket) = raw_client().await;
     let request = format!(
         "POST /events/1/holds HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\ncontent-type: application/json\r\n\
          transfer-encoding: chunked\r\nconnection: close\r\n\r\n7\r\n{{\"seat_\r\nb\r\nids\":[1,2]}}\r\n0\r\n\r\n",
@@ -309,10 +314,7 @@ async fn a_body_over_the_limit_is_413_and_never_reaches_booking() {
 #[tokio::test]
 async fn a_client_expecting_100_continue_gets_it_and_booking_gets_the_body() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let upstream = WireUpstream::start(WireMode::Chunked).await;
-    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
-    let addr = gw.base.trim_start_matches("http://").to_owned();
-    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let (upstream, _gw, addr, mut socket) = raw_client().await;
     let body = r#"{"seat_ids":[1,2]}"#;
     let head = format!(
         "POST /events/1/holds HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\ncontent-type: application/json\r\n\
