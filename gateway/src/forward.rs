@@ -1,9 +1,10 @@
 //! Forwarding one admitted request to booking over a kept-alive HTTP/1.1 connection, in the request's own task:
 //! the request is read whole first (bodies are small and capped), written upstream in one write, and the
 //! response streamed back. Idle connections wait in a small LIFO pool; one that booking closed is noticed when it
-//! is taken (a read that does not block) and dropped. pingora parses the client's request and booking's answer
-//! and frames the answer to the client; the request to booking is written here, from pingora's parsed header,
-//! straight into one buffer (pingora's client would clone the header, then build and serialise another).
+//! is taken (a read that does not block) and dropped. pingora parses the client's request and frames the answer
+//! to the client; the request to booking is written here, from pingora's parsed header, straight into one buffer,
+//! and booking's answer read by `answer.rs` (pingora's client would clone the request header, build and serialise
+//! another, and build booking's answer into a header that the gateway then had to clone).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,11 +13,12 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use pingora::http::{Method, RequestHeader};
+use pingora::http::{Method, RequestHeader, ResponseHeader};
 use pingora::protocols::Stream;
 use pingora::protocols::http::ServerSession;
-use pingora::protocols::http::v1::client::HttpSession;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+
+use crate::answer::Answer;
 
 /// Idle connections kept at most; more are closed when returned.
 const MAX_IDLE: usize = 128;
@@ -64,45 +66,43 @@ impl Upstream {
     pub async fn forward(&self, down: &mut ServerSession) -> Result<u16, ForwardError> {
         let body = self.read_body(down).await?;
         let request = request_bytes(down.req_header(), &body);
-        // A HEAD answer announces a body it does not carry: it is not read, and the connection not kept.
-        let head_only = down.req_header().method == Method::HEAD;
+        // A HEAD answer announces a body it does not carry.
+        let head_request = down.req_header().method == Method::HEAD;
         // A reused connection may have been closed by booking just as it was taken: one more try on a fresh one
         // when it turned out closed (not when booking was slow: that request may be in hand).
         let (stream, reused) = self.connection().await?;
-        let mut sent = self.exchange(stream, &request).await;
+        let mut sent = self.exchange(stream, &request, head_request).await;
         if reused
             && let Err(e) = &sent
             && closed(e)
         {
             tracing::debug!(error = %e, "a reused connection to booking failed; trying a fresh one");
-            sent = self.exchange(self.connect().await?, &request).await;
+            sent = self.exchange(self.connect().await?, &request, head_request).await;
         }
-        let mut up = sent.map_err(ForwardError::Upstream)?;
-        let resp = up.resp_header().cloned().expect("a response was read");
+        let (resp, mut up) = sent.map_err(ForwardError::Upstream)?;
         let status = resp.status.as_u16();
-        down.write_response_header(Box::new(resp)).await.map_err(ForwardError::Downstream)?;
-        if head_only {
-            return Ok(status);
-        }
+        down.write_response_header(resp).await.map_err(ForwardError::Downstream)?;
         loop {
-            match up.read_body_bytes().await {
+            match up.next().await {
                 Ok(Some(chunk)) => down.write_response_body(chunk, false).await.map_err(ForwardError::Downstream)?,
                 Ok(None) => break,
                 // The answer is half sent: the client's connection cannot be reused, and neither can booking's.
                 Err(e) => return Err(ForwardError::Downstream(e)),
             }
         }
-        up.respect_keepalive();
-        if up.will_keepalive()
-            && let Some(stream) = up.reuse().await
-        {
+        if let Some(stream) = up.reusable() {
             self.put(stream);
         }
         Ok(status)
     }
 
     /// Writes the request on `stream` and reads booking's answer up to its body.
-    async fn exchange(&self, mut stream: Stream, request: &[u8]) -> pingora::Result<HttpSession> {
+    async fn exchange(
+        &self,
+        mut stream: Stream,
+        request: &[u8],
+        head_request: bool,
+    ) -> pingora::Result<(Box<ResponseHeader>, Answer)> {
         let write = async {
             stream.write_all(request).await?;
             stream.flush().await
@@ -112,14 +112,7 @@ impl Upstream {
             Ok(Err(e)) => return pingora::Error::e_because(pingora::ErrorType::WriteError, "writing to booking", e),
             Err(_) => return pingora::Error::e_explain(pingora::ErrorType::WriteTimedout, "writing to booking"),
         }
-        let mut up = self.session(stream);
-        // Booking sends no informational answers to requests without `Expect`; skip any all the same.
-        loop {
-            up.read_response().await?;
-            if !up.get_status().is_some_and(|s| s.is_informational()) {
-                return Ok(up);
-            }
-        }
+        Answer::read(stream, self.timeout, head_request).await
     }
 
     async fn read_body(&self, down: &mut ServerSession) -> Result<Bytes, ForwardError> {
@@ -164,13 +157,6 @@ impl Upstream {
             .map_err(|_| upstream_error(pingora::ErrorType::ConnectTimedout, "connecting to booking timed out"))?
             .map_err(|e| upstream_error(pingora::ErrorType::ConnectRefused, &format!("connecting to booking: {e}")))?;
         Ok(Box::new(stream))
-    }
-
-    /// A client session reading booking's answer on `stream`, with the upstream timeout on each read.
-    fn session(&self, stream: Stream) -> HttpSession {
-        let mut up = HttpSession::new(stream);
-        up.read_timeout = Some(self.timeout);
-        up
     }
 
     fn take(&self) -> Option<Stream> {

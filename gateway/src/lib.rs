@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod admin_client;
 pub mod admission;
+pub mod answer;
 pub mod config;
 pub mod forward;
 pub mod limits;
