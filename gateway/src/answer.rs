@@ -96,7 +96,14 @@ impl Answer {
                     return pingora::Error::e_explain(InvalidHTTPHeader, "booking's answer head is too long");
                 }
             }
-            if self.fill().await? == 0 {
+            let read = match self.fill().await {
+                // Half an answer means booking had the request: whatever the read met, not a reason to send it again.
+                Err(e) if !self.buf.is_empty() && e.etype() == &ReadError => {
+                    return pingora::Error::e_because(InvalidHTTPHeader, "booking's answer broke off mid-head", e);
+                }
+                read => read?,
+            };
+            if read == 0 {
                 // Nothing at all on a kept connection is booking having closed it: the caller may try another. Half
                 // an answer is not that: booking had the request.
                 return if self.buf.is_empty() {
