@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use pingora::ErrorType::{ConnectionClosed, InvalidHTTPHeader, ReadError, ReadTimedout};
+use pingora::OrErr;
 use pingora::http::ResponseHeader;
 use pingora::protocols::Stream;
 use tokio::io::AsyncReadExt;
@@ -246,9 +247,9 @@ fn parsed(
         if HOP_BY_HOP.iter().any(|hop| name.eq_ignore_ascii_case(hop.as_bytes())) {
             continue;
         }
-        let name = http::HeaderName::from_bytes(name).explain(InvalidHTTPHeader, "booking sent a bad header name")?;
-        let value = http::HeaderValue::from_maybe_shared(value)
-            .explain(InvalidHTTPHeader, "booking sent a bad header value")?;
+        let name = http::HeaderName::from_bytes(name).or_err(InvalidHTTPHeader, "booking sent a bad header name")?;
+        let value =
+            http::HeaderValue::from_maybe_shared(value).or_err(InvalidHTTPHeader, "booking sent a bad header value")?;
         header.append_header(name, value)?;
     }
     let framing = if head_request || matches!(status, 100..=199 | 204 | 304) {
@@ -260,17 +261,6 @@ fn parsed(
     };
     keepalive &= framing != Framing::UntilClose;
     Ok((header, framing, keepalive))
-}
-
-/// `explain_err` for the `http` crate's errors.
-trait Explain<T> {
-    fn explain(self, kind: pingora::ErrorType, why: &'static str) -> pingora::Result<T>;
-}
-
-impl<T, E> Explain<T> for Result<T, E> {
-    fn explain(self, kind: pingora::ErrorType, why: &'static str) -> pingora::Result<T> {
-        self.or_else(|_| pingora::Error::e_explain(kind, why))
-    }
 }
 
 #[cfg(test)]

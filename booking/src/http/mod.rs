@@ -13,6 +13,7 @@ mod orders;
 mod seat_maps;
 mod webhooks;
 
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,6 @@ use futures::FutureExt;
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use std::future::IntoFuture;
 use tokens::Keyring;
 use tokio::net::{TcpListener, UnixListener};
 
