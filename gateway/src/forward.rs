@@ -1,10 +1,9 @@
 //! Forwarding one admitted request to booking over a kept-alive HTTP/1.1 connection, in the request's own task:
 //! the request is read whole first (bodies are small and capped), written upstream in one write, and the
 //! response streamed back. Idle connections wait in a small LIFO pool; one that booking closed is noticed when it
-//! is taken (a read that does not block) and dropped. pingora parses the client's request and frames the answer
-//! to the client; the request to booking is written here, from pingora's parsed header, straight into one buffer,
-//! and booking's answer read by `answer.rs` (pingora's client would clone the request header, build and serialise
-//! another, and build booking's answer into a header that the gateway then had to clone).
+//! is taken (a read that does not block) and dropped. The request to booking is written here from the client's
+//! parsed head (`client.rs`), straight into one buffer; booking's answer is read by `answer.rs` and framed again
+//! here for the client, its fields passed on as booking wrote them.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,19 +11,22 @@ use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use pingora::http::{Method, RequestHeader, ResponseHeader};
+use http::Method;
 use pingora::protocols::Stream;
-use pingora::protocols::http::ServerSession;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 
-use crate::answer::Answer;
+use crate::answer::{Answer, Head, Length};
+use crate::client::{self, Client, Request};
 
+/// Booking's answer is written to the client in pieces of about this size (a small answer in one write).
+const WRITE_CHUNK: usize = 64 * 1024;
 /// Idle connections kept at most; more are closed when returned.
 const MAX_IDLE: usize = 128;
 /// An idle connection older than this is closed rather than reused (booking's server closes idle connections
 /// after 30 s of silence; this stays well inside that).
 const MAX_IDLE_AGE: Duration = Duration::from_secs(20);
+/// A body's framing headers: each side's framing is its own.
+const FRAMING: [&str; 2] = ["content-length", "transfer-encoding"];
 /// Hop-by-hop request headers, not forwarded (RFC 9110 7.6.1): the upstream connection is the gateway's;
 /// `expect` too: the gateway answers a client's `100-continue` itself and sends booking the body at once.
 const NOT_FORWARDED: [&str; 7] =
@@ -35,10 +37,9 @@ const NOT_FORWARDED: [&str; 7] =
 pub enum ForwardError {
     /// Booking could not be reached or failed before answering: nothing was sent downstream.
     Upstream(Box<pingora::Error>),
-    /// The client's side failed (its body or the write of the answer): nothing more can be said to it.
+    /// The answer could not be passed on whole (the client's side failed, or booking's broke off mid-body):
+    /// nothing more can be said to the client.
     Downstream(Box<pingora::Error>),
-    /// The request body is larger than the gateway forwards.
-    TooLarge,
 }
 
 /// Where booking answers.
@@ -52,22 +53,26 @@ pub enum Target {
 /// Booking's address and the idle connections to it.
 pub struct Upstream {
     target: Target,
-    max_body: usize,
     timeout: Duration,
     idle: Mutex<Vec<(Stream, Instant)>>,
 }
 
 impl Upstream {
-    pub fn new(target: Target, max_body: usize, timeout: Duration) -> Self {
-        Self { target, max_body, timeout, idle: Mutex::new(Vec::new()) }
+    pub fn new(target: Target, timeout: Duration) -> Self {
+        Self { target, timeout, idle: Mutex::new(Vec::new()) }
     }
 
-    /// Forwards the request `down` carries and streams booking's answer back; returns the answer's status.
-    pub async fn forward(&self, down: &mut ServerSession) -> Result<u16, ForwardError> {
-        let body = self.read_body(down).await?;
-        let request = request_bytes(down.req_header(), &body);
+    /// Forwards `req` and passes booking's answer back to `down`, saying the connection stays open if
+    /// `keepalive` (and the answer can be framed for it); returns the answer's status and whether it did.
+    pub async fn forward(
+        &self,
+        down: &mut Client,
+        req: &Request,
+        keepalive: bool,
+    ) -> Result<(u16, bool), ForwardError> {
+        let request = request_bytes(req);
         // A HEAD answer announces a body it does not carry.
-        let head_request = down.req_header().method == Method::HEAD;
+        let head_request = req.method == Method::HEAD;
         // A reused connection may have been closed by booking just as it was taken: one more try on a fresh one
         // when it turned out closed (not when booking was slow: that request may be in hand).
         let (stream, reused) = self.connection().await?;
@@ -79,21 +84,36 @@ impl Upstream {
             tracing::debug!(error = %e, "a reused connection to booking failed; trying a fresh one");
             sent = self.exchange(self.connect().await?, &request, head_request).await;
         }
-        let (resp, mut up) = sent.map_err(ForwardError::Upstream)?;
-        let status = resp.status.as_u16();
-        down.write_response_header(resp).await.map_err(ForwardError::Downstream)?;
+        let (head, mut up) = sent.map_err(ForwardError::Upstream)?;
+        // An answer of unknown length goes chunked to an HTTP/1.1 client, and to an HTTP/1.0 one until the close.
+        let chunked = head.length == Length::Unknown && !req.http10;
+        let keepalive = keepalive && (head.length != Length::Unknown || chunked);
+        let mut out = answer_head(&head, keepalive, chunked);
         loop {
             match up.next().await {
-                Ok(Some(chunk)) => down.write_response_body(chunk, false).await.map_err(ForwardError::Downstream)?,
+                Ok(Some(piece)) if chunked => {
+                    out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                    out.extend_from_slice(&piece);
+                    out.extend_from_slice(b"\r\n");
+                }
+                Ok(Some(piece)) => out.extend_from_slice(&piece),
                 Ok(None) => break,
-                // The answer is half sent: the client's connection cannot be reused, and neither can booking's.
+                // The answer is cut short: the client's connection cannot go on, and booking's is not reused.
                 Err(e) => return Err(ForwardError::Downstream(e)),
             }
+            if out.len() >= WRITE_CHUNK {
+                down.write(&out).await.map_err(ForwardError::Downstream)?;
+                out.clear();
+            }
         }
+        if chunked {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
+        down.write(&out).await.map_err(ForwardError::Downstream)?;
         if let Some(stream) = up.reusable() {
             self.put(stream);
         }
-        Ok(status)
+        Ok((head.status, keepalive))
     }
 
     /// Writes the request on `stream` and reads booking's answer up to its body.
@@ -102,7 +122,7 @@ impl Upstream {
         mut stream: Stream,
         request: &[u8],
         head_request: bool,
-    ) -> pingora::Result<(Box<ResponseHeader>, Answer)> {
+    ) -> pingora::Result<(Head, Answer)> {
         let write = async {
             stream.write_all(request).await?;
             stream.flush().await
@@ -113,21 +133,6 @@ impl Upstream {
             Err(_) => return pingora::Error::e_explain(pingora::ErrorType::WriteTimedout, "writing to booking"),
         }
         Answer::read(stream, self.timeout, head_request).await
-    }
-
-    async fn read_body(&self, down: &mut ServerSession) -> Result<Bytes, ForwardError> {
-        let expects = down.get_header("expect").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        if expects {
-            down.write_continue_response().await.map_err(ForwardError::Downstream)?;
-        }
-        let mut body = BytesMut::new();
-        while let Some(chunk) = down.read_request_body().await.map_err(ForwardError::Downstream)? {
-            if body.len() + chunk.len() > self.max_body {
-                return Err(ForwardError::TooLarge);
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok(body.freeze())
     }
 
     /// An idle connection still open, or a new one; and whether it was reused.
@@ -177,36 +182,47 @@ impl Upstream {
     }
 }
 
-/// The request as booking gets it, in one buffer: the client's method and path as they came, HTTP/1.1, the
-/// client's headers less the hop-by-hop ones and its body framing, a `content-length` when the client framed a
-/// body (or sent one), and the body. pingora parsed and validated the request: nothing here can carry a CR or LF.
-fn request_bytes(req: &RequestHeader, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256 + req.headers.len() * 64 + body.len());
+/// The request as booking gets it, in one buffer: the client's method and target as they came, HTTP/1.1, the
+/// client's fields less the hop-by-hop ones and its body framing, a `content-length` when the client framed a
+/// body (or sent one), and the body. httparse checked every name and value: none can carry a CR or LF.
+fn request_bytes(req: &Request) -> Vec<u8> {
+    let mut out =
+        Vec::with_capacity(256 + req.fields.iter().map(|(n, v)| n.len() + v.len() + 4).sum::<usize>() + req.body.len());
     out.extend_from_slice(req.method.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(req.raw_path());
+    out.extend_from_slice(req.target());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let mut framed = !body.is_empty();
-    for (name, value) in &req.headers {
-        if matches!(name.as_str(), "content-length" | "transfer-encoding") {
-            framed = true;
+    for (name, value) in req.fields.iter() {
+        let hop = |h: &&str| name.eq_ignore_ascii_case(h.as_bytes());
+        if NOT_FORWARDED.iter().any(hop) || FRAMING.iter().any(hop) {
             continue;
         }
-        if NOT_FORWARDED.contains(&name.as_str()) {
-            continue;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        client::field(&mut out, name, value);
     }
-    if framed {
-        out.extend_from_slice(b"content-length: ");
-        out.extend_from_slice(body.len().to_string().as_bytes());
-        out.extend_from_slice(b"\r\n");
+    if req.framed || !req.body.is_empty() {
+        client::field(&mut out, b"content-length", req.body.len().to_string().as_bytes());
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
+    out.extend_from_slice(&req.body);
+    out
+}
+
+/// The head of booking's answer as the client gets it: its fields as booking wrote them, framed for the client
+/// (the length it will get, or chunks), or as they are when no body follows whatever they say.
+fn answer_head(head: &Head, keepalive: bool, chunked: bool) -> Vec<u8> {
+    let mut out = client::head(head.status, keepalive, head.fields.get("date").is_some(), 512);
+    for (name, value) in head.fields.iter() {
+        if head.length != Length::NoBody && FRAMING.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes())) {
+            continue;
+        }
+        client::field(&mut out, name, value);
+    }
+    match head.length {
+        Length::Known(n) => client::field(&mut out, b"content-length", n.to_string().as_bytes()),
+        Length::Unknown if chunked => client::field(&mut out, b"transfer-encoding", b"chunked"),
+        _ => {}
+    }
+    out.extend_from_slice(b"\r\n");
     out
 }
 

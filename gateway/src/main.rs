@@ -91,8 +91,8 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         Some(path) => Target::Unix(path.clone()),
         None => Target::Tcp(cfg.upstream),
     };
-    let upstream = gateway::forward::Upstream::new(target, cfg.max_body_bytes, cfg.upstream_timeout());
-    let gateway = Gateway::new(keyring.clone(), upstream, queue, limits.clone());
+    let upstream = gateway::forward::Upstream::new(target, cfg.upstream_timeout());
+    let gateway = Gateway::new(keyring.clone(), upstream, queue, limits.clone(), cfg.max_body_bytes);
     let mut proxy = pingora::services::listening::Service::new("gateway".into(), gateway);
     proxy.add_tcp(&cfg.listen.to_string());
     server.add_service(proxy);

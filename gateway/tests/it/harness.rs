@@ -379,8 +379,8 @@ impl WireRequest {
 /// How a [`WireUpstream`] answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WireMode {
-    /// 200 with a chunked JSON body naming the request's method and body length (to a HEAD, only a head with
-    /// `content-length: 42`); the connection stays open.
+    /// 200 with a chunked JSON body naming the request's method and body length, and a fixed `date` (to a
+    /// HEAD, only a head with `content-length: 42`); the connection stays open.
     Chunked,
     /// The same, then the connection is closed without notice (as a server does with an idle connection).
     CloseAfterEach,
@@ -474,7 +474,9 @@ async fn serve_wire(
         // The body in three chunks, so the gateway has to stream a chunked answer.
         let parts = [r#"{"method":""#.to_owned(), format!(r#"{method}","body_bytes":"#), format!("{length}}}")];
         let mut answer =
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ndate: Thu, 03 Dec 2026 00:00:00 GMT\r\n\
+              transfer-encoding: chunked\r\n\r\n"
+                .to_vec();
         for part in &parts {
             answer.extend_from_slice(format!("{:x}\r\n{part}\r\n", part.len()).as_bytes());
         }

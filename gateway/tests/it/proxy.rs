@@ -380,3 +380,123 @@ async fn a_request_that_is_not_http_gets_a_json_400_and_never_reaches_booking() 
     assert!(text.contains(r#""error":"invalid_request""#), "{text}");
     assert!(upstream.requests().is_empty());
 }
+
+/// The answers in `bytes`, read one after another: each one's head (lower-cased) and body, by its framing.
+fn answers(mut bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    while let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&bytes[..end + 4]).to_ascii_lowercase();
+        bytes = &bytes[end + 4..];
+        let length =
+            head.lines().find_map(|l| l.strip_prefix("content-length: ")).map(|n| n.trim().parse().expect("length"));
+        let body = if let Some(n) = length {
+            let body = bytes[..n].to_vec();
+            bytes = &bytes[n..];
+            body
+        } else if head.contains("transfer-encoding: chunked\r\n") {
+            let mut body = Vec::new();
+            loop {
+                let line = bytes.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
+                let size = usize::from_str_radix(std::str::from_utf8(&bytes[..line]).expect("hex"), 16).expect("size");
+                bytes = &bytes[line + 2..];
+                if size == 0 {
+                    bytes = &bytes[2..];
+                    break;
+                }
+                body.extend_from_slice(&bytes[..size]);
+                bytes = &bytes[size + 2..];
+            }
+            body
+        } else {
+            std::mem::take(&mut bytes).to_vec()
+        };
+        out.push((head, body));
+    }
+    out
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_on_one_connection_until_the_client_closes_it() {
+    let (upstream, _gw, addr, mut socket) = raw_client().await;
+    let auth = bearer(1);
+    // Four requests in one write: forwarded, the gateway's own, one with a body the gateway does not use (it
+    // must be read past, not taken for the next request), and a last one that closes the connection.
+    let requests = format!(
+        "GET /events/1?x=1 HTTP/1.1\r\nhost: {addr}\r\nauthorization: {auth}\r\n\r\n\
+         GET /healthz HTTP/1.1\r\nhost: {addr}\r\n\r\n\
+         POST /queue/1/join HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 11\r\n\r\nGET /x HTTP\
+         POST /events/1/holds HTTP/1.1\r\nhost: {addr}\r\nauthorization: {auth}\r\ncontent-length: 2\r\n\
+         connection: close\r\n\r\n{{}}"
+    );
+    let bytes = raw_exchange(&mut socket, requests.as_bytes(), |_| false).await;
+    let answers = answers(&bytes);
+    let statuses: Vec<&str> = answers.iter().map(|(h, _)| &h[9..12]).collect();
+    assert_eq!(statuses, ["200", "200", "401", "200"], "{}", String::from_utf8_lossy(&bytes));
+    for (i, (head, _)) in answers.iter().enumerate() {
+        assert_eq!(head.matches("\r\ndate: ").count(), 1, "one date in answer {i}: {head}");
+        let connection = if i == 3 { "close" } else { "keep-alive" };
+        assert!(head.contains(&format!("\r\nconnection: {connection}\r\n")), "answer {i}: {head}");
+    }
+    assert!(answers[0].0.contains("\r\ndate: thu, 03 dec 2026 00:00:00 gmt\r\n"), "booking's date is kept");
+    assert_eq!(answers[0].1, br#"{"method":"GET","body_bytes":0}"#, "booking's chunked answer, chunked again");
+    assert_eq!(answers[1].1, br#"{"status":"ok"}"#);
+    assert!(String::from_utf8_lossy(&answers[2].1).contains("account_required"));
+    assert_eq!(answers[3].1, br#"{"method":"POST","body_bytes":2}"#);
+    let seen = upstream.requests();
+    let heads: Vec<&str> = seen.iter().map(|r| r.head.lines().next().unwrap_or("")).collect();
+    assert_eq!(heads, ["GET /events/1?x=1 HTTP/1.1", "POST /events/1/holds HTTP/1.1"], "the target as it came");
+    assert_eq!(seen[1].body, b"{}");
+}
+
+#[tokio::test]
+async fn an_http_1_0_client_gets_its_answer_then_the_close_unless_it_asks_to_keep_the_connection() {
+    let (_upstream, _gw, addr, mut socket) = raw_client().await;
+    let get = format!("GET /events/1 HTTP/1.0\r\nhost: {addr}\r\nauthorization: {}\r\n\r\n", bearer(1));
+    let bytes = raw_exchange(&mut socket, get.as_bytes(), |_| false).await;
+    let text = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
+    // Booking's answer is chunked; HTTP/1.0 has no chunks: the body runs until the close.
+    assert!(text.starts_with("http/1.1 200 ok\r\n") && text.contains("\r\nconnection: close\r\n"), "{text}");
+    assert!(
+        !text.contains("transfer-encoding") && text.ends_with("\r\n\r\n{\"method\":\"get\",\"body_bytes\":0}"),
+        "{text}"
+    );
+    let mut kept = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let ask = "GET /healthz HTTP/1.0\r\nconnection: keep-alive\r\n\r\n";
+    for _ in 0..2 {
+        let bytes = raw_exchange(&mut kept, ask.as_bytes(), |a| a.ends_with(br#"{"status":"ok"}"#)).await;
+        let text = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
+        assert!(text.contains("\r\nconnection: keep-alive\r\n"), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn requests_framed_two_ways_or_with_a_bad_length_are_refused_and_never_reach_booking() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = WireUpstream::start(WireMode::Chunked).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let auth = bearer(1);
+    let framings = [
+        "content-length: 5\r\ntransfer-encoding: chunked\r\n",
+        "transfer-encoding: gzip\r\n",
+        "content-length: 5\r\ncontent-length: 6\r\n",
+        "content-length: -5\r\n",
+        "content-length: 5x\r\n",
+    ];
+    for framing in framings {
+        let mut socket = tokio::net::TcpStream::connect(gw.base.trim_start_matches("http://")).await.expect("connect");
+        let request =
+            format!("POST /events/1/holds HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n{framing}\r\n0\r\n\r\n");
+        socket.write_all(request.as_bytes()).await.expect("write");
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer))
+            .await
+            .expect("the gateway answers and closes")
+            .expect("read");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.starts_with("HTTP/1.1 400 ") && text.contains(r#""error":"invalid_request""#),
+            "{framing}: {text}"
+        );
+    }
+    assert!(upstream.requests().is_empty(), "{:?}", upstream.requests());
+}
