@@ -35,7 +35,8 @@ const NOT_FORWARDED: [&str; 7] =
 /// Why a request could not be forwarded.
 #[derive(Debug)]
 pub enum ForwardError {
-    /// Booking could not be reached or failed before answering: nothing was sent downstream.
+    /// Booking could not be reached, or failed before its answer began to reach the client: nothing was sent
+    /// downstream.
     Upstream(Box<pingora::Error>),
     /// The answer could not be passed on whole (the client's side failed, or booking's broke off mid-body):
     /// nothing more can be said to the client.
@@ -89,6 +90,7 @@ impl Upstream {
         let chunked = head.length == Length::Unknown && !req.http10;
         let keepalive = keepalive && (head.length != Length::Unknown || chunked);
         let mut out = answer_head(&head, keepalive, chunked);
+        let mut written = false;
         loop {
             match up.next().await {
                 Ok(Some(piece)) if chunked => {
@@ -98,12 +100,15 @@ impl Upstream {
                 }
                 Ok(Some(piece)) => out.extend_from_slice(&piece),
                 Ok(None) => break,
+                // Booking broke off before the client got a byte: as if it had not answered.
+                Err(e) if !written => return Err(ForwardError::Upstream(e)),
                 // The answer is cut short: the client's connection cannot go on, and booking's is not reused.
                 Err(e) => return Err(ForwardError::Downstream(e)),
             }
             if out.len() >= WRITE_CHUNK {
                 down.write(&out).await.map_err(ForwardError::Downstream)?;
                 out.clear();
+                written = true;
             }
         }
         if chunked {

@@ -386,6 +386,8 @@ pub enum WireMode {
     CloseAfterEach,
     /// Answers the connection's first `n` requests as `Chunked` does, then reads the next and never answers.
     SilentAfter(usize),
+    /// Announces 100 bytes of body, sends 10 and closes the connection.
+    CutMidBody,
 }
 
 /// An upstream written against the socket, not a framework: it records every request exactly as the gateway
@@ -458,6 +460,10 @@ async fn serve_wire(
         seen.lock().expect("requests").push(request);
         if mode == WireMode::SilentAfter(answered) {
             tokio::time::sleep(Duration::from_secs(60)).await;
+            return;
+        }
+        if mode == WireMode::CutMidBody {
+            let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"partial\"").await;
             return;
         }
         if method == "HEAD" {

@@ -364,21 +364,53 @@ async fn booking_that_stops_answering_is_a_503_after_the_upstream_timeout_and_is
 }
 
 #[tokio::test]
-async fn a_request_that_is_not_http_gets_a_json_400_and_never_reaches_booking() {
+async fn an_answer_booking_breaks_off_before_the_client_got_any_of_it_is_a_503_on_a_connection_that_goes_on() {
+    let upstream = WireUpstream::start(WireMode::CutMidBody).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let addr = gw.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let get = format!("GET /events/1 HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\n\r\n", bearer(1));
+    for _ in 0..2 {
+        let bytes = raw_exchange(&mut socket, get.as_bytes(), |a| a.ends_with(b"}")).await;
+        let answers = answers(&bytes);
+        assert_eq!(answers.len(), 1, "{}", String::from_utf8_lossy(&bytes));
+        let (head, body) = &answers[0];
+        assert!(head.starts_with("http/1.1 503 ") && head.contains("\r\nconnection: keep-alive\r\n"), "{head}");
+        assert!(String::from_utf8_lossy(body).contains("booking_unavailable"), "no half answer passed on");
+    }
+    assert_eq!(upstream.requests().len(), 2, "each request reached booking once");
+}
+
+#[tokio::test]
+async fn requests_that_are_not_http_or_frame_their_body_two_ways_get_a_json_400_and_never_reach_booking() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = WireUpstream::start(WireMode::Chunked).await;
     let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
-    let mut socket = tokio::net::TcpStream::connect(gw.base.trim_start_matches("http://")).await.expect("connect");
-    socket.write_all(b"GET /events/1 HTTP/1.1\r\nhost: x\r\nbad header line\r\n\r\n").await.expect("write");
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer))
-        .await
-        .expect("the gateway answers and closes")
-        .expect("read");
-    let text = String::from_utf8_lossy(&answer);
-    assert!(text.starts_with("HTTP/1.1 400 "), "{text}");
-    assert!(text.contains(r#""error":"invalid_request""#), "{text}");
-    assert!(upstream.requests().is_empty());
+    let post = |framing: &str| {
+        format!("POST /events/1/holds HTTP/1.1\r\nhost: x\r\nauthorization: {}\r\n{framing}\r\n0\r\n\r\n", bearer(1))
+    };
+    let requests = [
+        "GET /events/1 HTTP/1.1\r\nhost: x\r\nbad header line\r\n\r\n".to_owned(),
+        // Framings a proxy in front might read otherwise than the gateway: request smuggling starts here.
+        post("content-length: 5\r\ntransfer-encoding: chunked\r\n"),
+        post("transfer-encoding: gzip\r\n"),
+        post("content-length: 5\r\ncontent-length: 6\r\n"),
+        post("content-length: -5\r\n"),
+        post("content-length: 5x\r\n"),
+    ];
+    for request in requests {
+        let mut socket = tokio::net::TcpStream::connect(gw.base.trim_start_matches("http://")).await.expect("connect");
+        socket.write_all(request.as_bytes()).await.expect("write");
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer))
+            .await
+            .expect("the gateway answers and closes")
+            .expect("read");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 400 "), "{request:?}: {text}");
+        assert!(text.contains(r#""error":"invalid_request""#), "{request:?}: {text}");
+    }
+    assert!(upstream.requests().is_empty(), "{:?}", upstream.requests());
 }
 
 /// The answers in `bytes`, read one after another: each one's head (lower-cased) and body, by its framing.
@@ -467,36 +499,4 @@ async fn an_http_1_0_client_gets_its_answer_then_the_close_unless_it_asks_to_kee
         let text = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
         assert!(text.contains("\r\nconnection: keep-alive\r\n"), "{text}");
     }
-}
-
-#[tokio::test]
-async fn requests_framed_two_ways_or_with_a_bad_length_are_refused_and_never_reach_booking() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let upstream = WireUpstream::start(WireMode::Chunked).await;
-    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
-    let auth = bearer(1);
-    let framings = [
-        "content-length: 5\r\ntransfer-encoding: chunked\r\n",
-        "transfer-encoding: gzip\r\n",
-        "content-length: 5\r\ncontent-length: 6\r\n",
-        "content-length: -5\r\n",
-        "content-length: 5x\r\n",
-    ];
-    for framing in framings {
-        let mut socket = tokio::net::TcpStream::connect(gw.base.trim_start_matches("http://")).await.expect("connect");
-        let request =
-            format!("POST /events/1/holds HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n{framing}\r\n0\r\n\r\n");
-        socket.write_all(request.as_bytes()).await.expect("write");
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer))
-            .await
-            .expect("the gateway answers and closes")
-            .expect("read");
-        let text = String::from_utf8_lossy(&answer);
-        assert!(
-            text.starts_with("HTTP/1.1 400 ") && text.contains(r#""error":"invalid_request""#),
-            "{framing}: {text}"
-        );
-    }
-    assert!(upstream.requests().is_empty(), "{:?}", upstream.requests());
 }
