@@ -21,7 +21,10 @@ use pingora::protocols::http::date::get_cached_date;
 use tokio::io::AsyncWriteExt;
 
 use crate::queue::Reply;
-use crate::wire::{Conn, Fields, Framing, MAX_HEAD_BYTES, MAX_HEADERS, at, framing};
+use crate::wire::{Conn, Fields, Framing, MAX_HEAD_BYTES, at, framing};
+
+/// The most header fields a request may carry: browsers send about 20, and proxies in front add their own.
+const MAX_FIELDS: usize = 100;
 
 /// A request, read whole.
 pub struct Request {
@@ -117,7 +120,7 @@ impl Client {
 
     /// The head, if the buffer holds all of it; its body still to come.
     fn parse(&mut self) -> Result<Option<Request>, &'static str> {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut headers = [httparse::EMPTY_HEADER; MAX_FIELDS];
         let mut req = httparse::Request::new(&mut headers);
         let len = match req.parse(&self.conn.buf) {
             Ok(httparse::Status::Complete(len)) => len,

@@ -11,7 +11,8 @@ use pingora::ErrorType::{ConnectionClosed, InvalidHTTPHeader, ReadError, ReadTim
 use pingora::protocols::Stream;
 use tokio::io::AsyncReadExt;
 
-/// The most header fields a head may carry, the longest head, and the longest chunk-size or trailer line.
+/// The most header fields an answer from booking may carry, the longest head, and the longest chunk-size or
+/// trailer line.
 pub const MAX_HEADERS: usize = 64;
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 const MAX_LINE_BYTES: usize = 4 * 1024;

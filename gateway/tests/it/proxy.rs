@@ -391,6 +391,7 @@ async fn requests_that_are_not_http_or_frame_their_body_two_ways_get_a_json_400_
     };
     let requests = [
         "GET /events/1 HTTP/1.1\r\nhost: x\r\nbad header line\r\n\r\n".to_owned(),
+        format!("GET /events/1 HTTP/1.1\r\n{}\r\n", "x-many: 1\r\n".repeat(101)),
         // Framings a proxy in front might read otherwise than the gateway: request smuggling starts here.
         post("content-length: 5\r\ntransfer-encoding: chunked\r\n"),
         post("transfer-encoding: gzip\r\n"),
