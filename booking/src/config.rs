@@ -152,9 +152,9 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Also serve the same API on this Unix socket (for a gateway on the same machine: a request over it costs
     /// both sides less CPU than over TCP loopback). A stale socket file there is replaced; the socket is
-    /// open to every local user, as the loopback port is.
-    #[arg(long, env = "BOOKING_LISTEN_UNIX")]
-    pub listen_unix: Option<std::path::PathBuf>,
+    /// open to every local user, as the loopback port is. Empty: none.
+    #[arg(long, env = "BOOKING_LISTEN_UNIX", value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), std::path::PathBuf::from))]
+    listen_unix: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub db: DatabaseArgs,
     #[command(flatten)]
@@ -229,6 +229,11 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
+    /// The Unix socket to serve on too, if one is set (an empty setting is none).
+    pub fn listen_unix(&self) -> Option<&std::path::Path> {
+        self.listen_unix.as_deref().filter(|p| !p.as_os_str().is_empty())
+    }
+
     pub fn hold_ttl(&self) -> Duration {
         Duration::from_millis(self.hold_ttl_ms)
     }

@@ -25,12 +25,12 @@ async fn main() -> anyhow::Result<()> {
             let listener =
                 tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
             tracing::info!(addr = %listener.local_addr()?, "booking listening");
-            let unix = match &cfg.listen_unix {
+            let unix = match cfg.listen_unix() {
                 Some(path) => Some(http::bind_unix(path)?),
                 None => None,
             };
             http::serve(listener, unix, state, shutdown_signal()).await?;
-            if let Some(path) = &cfg.listen_unix {
+            if let Some(path) = cfg.listen_unix() {
                 let _ = std::fs::remove_file(path);
             }
             tracing::info!("booking stopped");

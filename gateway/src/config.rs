@@ -41,9 +41,9 @@ pub struct Config {
     pub upstream: SocketAddr,
     /// Booking's Unix socket (`BOOKING_LISTEN_UNIX`), when booking runs on this machine: forwarded requests go
     /// over it instead of TCP, which costs both sides less CPU per request. `BOOKING_UPSTREAM` still carries
-    /// the availability poll.
-    #[arg(long, env = "BOOKING_UPSTREAM_UNIX")]
-    pub upstream_unix: Option<std::path::PathBuf>,
+    /// the availability poll. Empty: TCP.
+    #[arg(long, env = "BOOKING_UPSTREAM_UNIX", value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), std::path::PathBuf::from))]
+    upstream_unix: Option<std::path::PathBuf>,
     /// Longest wait for booking, in milliseconds: to connect, and for each read or write of a forwarded
     /// request; past it the client gets 503 `booking_unavailable` (or, mid-answer, a closed connection).
     #[arg(long, env = "GATEWAY_UPSTREAM_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -116,6 +116,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// Booking's Unix socket, if one is set (an empty setting is none).
+    pub fn upstream_unix(&self) -> Option<&std::path::Path> {
+        self.upstream_unix.as_deref().filter(|p| !p.as_os_str().is_empty())
+    }
+
     pub fn upstream_timeout(&self) -> Duration {
         Duration::from_millis(self.upstream_timeout_ms)
     }
@@ -181,4 +186,26 @@ fn admin_token(raw: &str) -> Result<SecretString, String> {
         return Err("the admin token must be at least 16 characters".into());
     }
     secret(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(upstream_unix: &str) -> Box<Config> {
+        let key = format!("k1:{}", "ab".repeat(32));
+        let args = ["gateway", "serve", "--admin-token", "0123456789abcdef0123", "--admission-keys", &key];
+        let args = args.into_iter().chain(["--account-keys", &key, "--redis-url", "redis://127.0.0.1:1/"]);
+        let cli = Cli::try_parse_from(args.chain(["--upstream-unix", upstream_unix])).expect("parses");
+        match cli.command {
+            Command::Serve(config) => config,
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_empty_upstream_socket_means_tcp() {
+        assert_eq!(serve("").upstream_unix(), None);
+        assert_eq!(serve("/run/booking.sock").upstream_unix(), Some(std::path::Path::new("/run/booking.sock")));
+    }
 }

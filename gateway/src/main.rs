@@ -87,8 +87,8 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let target = match &cfg.upstream_unix {
-        Some(path) => Target::Unix(path.clone()),
+    let target = match cfg.upstream_unix() {
+        Some(path) => Target::Unix(path.to_owned()),
         None => Target::Tcp(cfg.upstream),
     };
     let upstream = gateway::forward::Upstream::new(target, cfg.upstream_timeout());
@@ -120,7 +120,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     server.add_service(background_service("admin listener", admin));
     tracing::info!(
-        listen = %cfg.listen, admin = %cfg.admin_listen, upstream = %cfg.upstream, upstream_unix = ?cfg.upstream_unix,
+        listen = %cfg.listen, admin = %cfg.admin_listen, upstream = %cfg.upstream, upstream_unix = ?cfg.upstream_unix(),
         "gateway listening"
     );
     server.run_forever()

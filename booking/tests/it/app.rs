@@ -117,7 +117,7 @@ impl TestApp {
         };
         let state = AppState::build(&cfg, pool.clone()).await.expect("state");
         let (tx, rx) = oneshot::channel::<()>();
-        let unix = cfg.listen_unix.as_deref().map(|path| http::bind_unix(path).expect("bind the Unix socket"));
+        let unix = cfg.listen_unix().map(|path| http::bind_unix(path).expect("bind the Unix socket"));
         let server = tokio::spawn(http::serve(listener, unix, state, async {
             let _ = rx.await;
         }));
