@@ -120,9 +120,11 @@ impl Client {
 
     /// The head, if the buffer holds all of it; its body still to come.
     fn parse(&mut self) -> Result<Option<Request>, &'static str> {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_FIELDS];
-        let mut req = httparse::Request::new(&mut headers);
-        let len = match req.parse(&self.conn.buf) {
+        // Left uninitialised: httparse writes the fields it finds, and a hundred empty ones cost more to set up
+        // than a typical request's twenty cost to parse.
+        let mut headers = [const { std::mem::MaybeUninit::uninit() }; MAX_FIELDS];
+        let mut req = httparse::Request::new(&mut []);
+        let len = match req.parse_with_uninit_headers(&self.conn.buf, &mut headers) {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(httparse::Error::TooManyHeaders) => return Err("the request has too many header fields"),
