@@ -68,7 +68,7 @@ impl Fields {
         self.all(name).any(|v| v.split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes())))
     }
 
-    /// Drops every field `drop` says to, keeping the others in order.
+    /// Keeps only the fields whose name `keep` accepts, in order.
     pub fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
         let head = &self.head;
         self.list.retain(|(n, _)| keep(&head[n.clone()]));
