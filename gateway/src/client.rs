@@ -18,10 +18,9 @@ use bytes::{Bytes, BytesMut};
 use http::Method;
 use pingora::protocols::Stream;
 use pingora::protocols::http::date::get_cached_date;
-use tokio::io::AsyncWriteExt;
 
 use crate::queue::Reply;
-use crate::wire::{Conn, Fields, Framing, MAX_HEAD_BYTES, at, framing};
+use crate::wire::{Conn, Fields, Framing, MAX_HEAD_BYTES, at, framing, write_all};
 
 /// The most header fields a request may carry: browsers send about 20, and proxies in front add their own.
 const MAX_FIELDS: usize = 100;
@@ -205,16 +204,7 @@ impl Client {
 
     /// Writes `bytes` and flushes them, within the timeout.
     pub async fn write(&mut self, bytes: &[u8]) -> pingora::Result<()> {
-        let stream = &mut self.conn.stream;
-        let write = async {
-            stream.write_all(bytes).await?;
-            stream.flush().await
-        };
-        match tokio::time::timeout(self.conn.timeout, write).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => pingora::Error::e_because(pingora::ErrorType::WriteError, "writing to the client", e),
-            Err(_) => pingora::Error::e_explain(pingora::ErrorType::WriteTimedout, "the client is not reading"),
-        }
+        write_all(&mut self.conn.stream, bytes, self.conn.timeout, self.conn.peer).await
     }
 
     /// Writes one of the gateway's own answers whole; `request` is `None` when there is none to answer (it

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use http::Method;
 use pingora::protocols::Stream;
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::answer::{Answer, Head, Length};
 use crate::client::{self, Client, Request};
@@ -128,15 +128,7 @@ impl Upstream {
         request: &[u8],
         head_request: bool,
     ) -> pingora::Result<(Head, Answer)> {
-        let write = async {
-            stream.write_all(request).await?;
-            stream.flush().await
-        };
-        match tokio::time::timeout(self.timeout, write).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return pingora::Error::e_because(pingora::ErrorType::WriteError, "writing to booking", e),
-            Err(_) => return pingora::Error::e_explain(pingora::ErrorType::WriteTimedout, "writing to booking"),
-        }
+        crate::wire::write_all(&mut stream, request, self.timeout, "booking").await?;
         Answer::read(stream, self.timeout, head_request).await
     }
 

@@ -41,10 +41,11 @@ impl Gateway {
     }
 }
 
-/// Writes a whole answer and counts it (`proxied`: in front of booking); returns whether the connection goes on.
-async fn answer(client: &mut Client, req: &Request, reply: Reply, proxied: bool, keepalive: bool) -> bool {
+/// Writes a whole answer (to `req`, or to a request that could not be read) and counts it (`proxied`: in
+/// front of booking); returns whether the connection goes on.
+async fn answer(client: &mut Client, req: Option<&Request>, reply: Reply, proxied: bool, keepalive: bool) -> bool {
     let status = reply.status;
-    let written = client.respond(Some(req), &reply, keepalive).await.is_ok();
+    let written = client.respond(req, &reply, keepalive).await.is_ok();
     crate::metrics::record_response(proxied, status);
     written && keepalive
 }
@@ -134,7 +135,7 @@ impl Gateway {
             },
             Route::QueuePage(_) | Route::QueueJoin(_) | Route::QueueStatus(_) => self.queue(client, req, &route).await,
         };
-        answer(client, req, reply, false, keepalive).await
+        answer(client, Some(req), reply, false, keepalive).await
     }
 
     async fn forward(&self, client: &mut Client, req: &Request, keepalive: bool) -> bool {
@@ -150,7 +151,7 @@ impl Gateway {
                 tracing::warn!(error = %e, "booking unreachable");
                 let reply = Reply::error(503, "booking_unavailable", "booking is not answering; retry shortly")
                     .header("retry-after", "1".into());
-                answer(client, req, reply, true, keepalive).await
+                answer(client, Some(req), reply, true, keepalive).await
             }
         }
     }
@@ -167,9 +168,7 @@ impl ServerApp for Gateway {
                 Next::Request(req) => req,
                 Next::Gone => return None,
                 Next::Refused(reply) => {
-                    let status = reply.status;
-                    let _ = client.respond(None, &reply, false).await;
-                    crate::metrics::record_response(false, status);
+                    answer(&mut client, None, reply, false, false).await;
                     return None;
                 }
             };

@@ -7,9 +7,9 @@ use std::ops::Range;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use pingora::ErrorType::{ConnectionClosed, InvalidHTTPHeader, ReadError, ReadTimedout};
+use pingora::ErrorType::{ConnectionClosed, InvalidHTTPHeader, ReadError, ReadTimedout, WriteError, WriteTimedout};
 use pingora::protocols::Stream;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The most header fields an answer from booking may carry, the longest head, and the longest chunk-size or
 /// trailer line.
@@ -132,13 +132,26 @@ pub fn framing(fields: &Fields, request: bool) -> Option<Framing> {
     }
 }
 
+/// Writes `bytes` on `stream` and flushes them within `timeout`; `peer` names the other end in errors.
+pub async fn write_all(stream: &mut Stream, bytes: &[u8], timeout: Duration, peer: &str) -> pingora::Result<()> {
+    let write = async {
+        stream.write_all(bytes).await?;
+        stream.flush().await
+    };
+    match tokio::time::timeout(timeout, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => pingora::Error::e_because(WriteError, format!("writing to {peer}"), e),
+        Err(_) => pingora::Error::e_explain(WriteTimedout, format!("{peer} is not reading")),
+    }
+}
+
 /// One side's connection: the stream, what was read from it and not yet used, and how long a read may wait.
 pub struct Conn {
     pub stream: Stream,
     pub buf: BytesMut,
     pub timeout: Duration,
     /// Who is on the other end, for error messages: "booking", "the client".
-    peer: &'static str,
+    pub peer: &'static str,
 }
 
 impl Conn {
