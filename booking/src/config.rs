@@ -220,6 +220,11 @@ pub struct ServeConfig {
     /// Checkout batches running at once (each holds one Postgres connection; at most DATABASE_POOL_SIZE).
     #[arg(long, env = "CHECKOUT_BATCHES_IN_FLIGHT", default_value_t = 2)]
     pub checkout_batches_in_flight: usize,
+    /// Longest wait, in microseconds, for checkouts already on their way (past HTTP, in the Redis gate) before
+    /// a batch goes to Postgres; 0 sends at once whatever is queued. A lone checkout with nothing on its way
+    /// never waits.
+    #[arg(long, env = "CHECKOUT_BATCH_WAIT_US", default_value_t = 2_000)]
+    pub checkout_batch_wait_us: u64,
     /// Longest wait for a Postgres connection before answering 503, in milliseconds.
     #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 3_000)]
     pub database_acquire_timeout_ms: u64,

@@ -34,7 +34,7 @@ pub use error::{ApiError, ErrorBody};
 
 use crate::config::ServeConfig;
 use crate::provider;
-use crate::store::batcher::CheckoutBatcher;
+use crate::store::batcher::{BatchPolicy, CheckoutBatcher};
 use crate::store::catalogues::Catalogues;
 use crate::store::holds::{HoldTimes, Holds, Keys};
 use crate::store::lifecycle::Window;
@@ -136,7 +136,14 @@ impl AppState {
         let batches_in_flight = cfg.checkout_batches_in_flight.min(cfg.database_pool_size.max(1) as usize);
         Ok(Self {
             payments,
-            checkouts: CheckoutBatcher::start(pool.clone(), cfg.checkout_batch_max, batches_in_flight),
+            checkouts: CheckoutBatcher::start(
+                pool.clone(),
+                BatchPolicy {
+                    max: cfg.checkout_batch_max,
+                    in_flight: batches_in_flight,
+                    wait: Duration::from_micros(cfg.checkout_batch_wait_us),
+                },
+            ),
             admin_token: cfg.admin_token.clone(),
             background,
             catalogues: Catalogues::new(pool.clone(), cfg.catalogue_refresh()),

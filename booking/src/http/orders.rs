@@ -125,6 +125,8 @@ pub async fn create_order(
         .map_err(|_| ApiError::unprocessable("invalid_hold_token", "hold_token must be a UUID"))?;
     let cat = catalogue(&state, event_id).await?;
 
+    // From here the checkout counts as on its way to Postgres: a batch about to go waits for it.
+    let announced = state.checkouts.announce();
     let fingerprint = format!("POST /events/{event_id}/orders hold_token={token}");
     let answer = Answers { state: &state, cat: &cat, event, account, key, fingerprint: &fingerprint };
 
@@ -148,7 +150,7 @@ pub async fn create_order(
         fingerprint: fingerprint.clone(),
     };
     let max = state.limits.max_seats_per_account;
-    let order = match state.checkouts.checkout(new).await {
+    let order = match announced.checkout(new).await {
         Ok(Checkout::Created(order)) => order,
         Ok(Checkout::Replay(previous)) => return Ok(answer.replay(previous)),
         Ok(Checkout::InFlight) | Err(CheckoutError::KeyAnswered) => return Err(in_flight()),

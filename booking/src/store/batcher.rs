@@ -2,16 +2,25 @@
 //! `checkout_batch` statement and one commit, instead of one transaction each.
 //!
 //! A dispatcher waits for a free slot (at most `in_flight` batches run at once), then takes every checkout
-//! waiting, up to `max`: a lone checkout goes at once, and batches grow only while Postgres is busy with the
-//! previous ones. Each checkout is settled exactly as it would be alone (the SQL function falls back to
-//! `checkout_order` per item for anything but a plainly new order); a batch whose statement fails as a whole
-//! wrote nothing and is run again one checkout at a time.
+//! waiting, up to `max`. Before it sends a batch it waits a little for checkouts already on their way: a
+//! request announces its checkout when it starts (before the Redis gate), so the dispatcher knows how many
+//! are coming and waits for those, up to `wait`, and never for requests not yet made. With nothing on its way a
+//! lone checkout goes at once. Without that wait, a busy server alternates: a big batch, then a lone checkout
+//! that took the free slot as soon as the first answered client came back, and a lone checkout costs Postgres
+//! several times its share of a batch.
+//!
+//! Each checkout is settled exactly as it would be alone (the SQL function falls back to `checkout_order` per
+//! item for anything but a plainly new order); a batch whose statement fails as a whole wrote nothing and is
+//! run again one checkout at a time.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use futures::future::join_all;
 use sqlx::PgPool;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::StoreError;
 use super::orders::{self, Checkout, CheckoutError, NewOrder};
@@ -22,33 +31,88 @@ type Job = (NewOrder, oneshot::Sender<Settled>);
 /// Checkouts waiting for a batch at most; a request beyond that waits to be queued.
 const QUEUE: usize = 4_096;
 
+/// How a batch is formed.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchPolicy {
+    /// Checkouts in one batch at most; 1 means no batching (every checkout its own transaction).
+    pub max: usize,
+    /// Batches running at once.
+    pub in_flight: usize,
+    /// Longest wait for announced checkouts before a batch goes; zero never waits.
+    pub wait: Duration,
+}
+
 /// Hands checkouts to the dispatcher (or, with batches of one, straight to Postgres).
 #[derive(Clone)]
 pub struct CheckoutBatcher {
     pool: PgPool,
     queue: Option<mpsc::Sender<Job>>,
+    coming: Arc<Coming>,
+}
+
+/// Checkouts announced and not yet queued (or given up), and a wake-up for the dispatcher when that count
+/// falls without a checkout being queued.
+#[derive(Default)]
+struct Coming {
+    count: AtomicUsize,
+    fell: Notify,
+}
+
+/// A checkout on its way to the dispatcher: counted from [`CheckoutBatcher::announce`] until it is queued by
+/// [`Announced::checkout`] or dropped (the request was refused before Postgres).
+pub struct Announced {
+    batcher: CheckoutBatcher,
+    queued: bool,
+}
+
+impl Drop for Announced {
+    fn drop(&mut self) {
+        let left = self.batcher.coming.count.fetch_sub(1, Ordering::AcqRel) - 1;
+        if left == 0 || !self.queued {
+            self.batcher.coming.fell.notify_one();
+        }
+    }
+}
+
+impl Announced {
+    /// Settles the announced checkout, in whichever batch it lands.
+    pub async fn checkout(mut self, new: NewOrder) -> Settled {
+        let Some(queue) = self.batcher.queue.clone() else { return orders::checkout(&self.batcher.pool, &new).await };
+        let (reply, settled) = oneshot::channel();
+        let sent = queue.send((new, reply)).await;
+        self.queued = sent.is_ok();
+        drop(self);
+        if sent.is_err() {
+            return Err(stopped());
+        }
+        settled.await.unwrap_or_else(|_| Err(stopped()))
+    }
 }
 
 impl CheckoutBatcher {
-    /// Starts the dispatcher: at most `max` checkouts a batch and `in_flight` batches at once. With `max` 1
-    /// there is no dispatcher and every checkout is its own transaction.
-    pub fn start(pool: PgPool, max: usize, in_flight: usize) -> Self {
-        if max <= 1 {
-            return Self { pool, queue: None };
+    /// Starts the dispatcher. With `policy.max` 1 there is no dispatcher and every checkout is its own
+    /// transaction.
+    pub fn start(pool: PgPool, policy: BatchPolicy) -> Self {
+        let coming = Arc::new(Coming::default());
+        if policy.max <= 1 {
+            return Self { pool, queue: None, coming };
         }
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(dispatch(pool.clone(), rx, max, Arc::new(Semaphore::new(in_flight.max(1)))));
-        Self { pool, queue: Some(tx) }
+        let slots = Arc::new(Semaphore::new(policy.in_flight.max(1)));
+        tokio::spawn(dispatch(pool.clone(), rx, policy, slots, coming.clone()));
+        Self { pool, queue: Some(tx), coming }
+    }
+
+    /// Announces a checkout that will reach [`Announced::checkout`] soon (or be dropped on the way), so that a
+    /// batch about to go waits for it.
+    pub fn announce(&self) -> Announced {
+        self.coming.count.fetch_add(1, Ordering::AcqRel);
+        Announced { batcher: self.clone(), queued: false }
     }
 
     /// Settles one checkout, in whichever batch it lands.
     pub async fn checkout(&self, new: NewOrder) -> Settled {
-        let Some(queue) = &self.queue else { return orders::checkout(&self.pool, &new).await };
-        let (reply, settled) = oneshot::channel();
-        if queue.send((new, reply)).await.is_err() {
-            return Err(stopped());
-        }
-        settled.await.unwrap_or_else(|_| Err(stopped()))
+        self.announce().checkout(new).await
     }
 }
 
@@ -57,17 +121,19 @@ fn stopped() -> CheckoutError {
 }
 
 /// Takes what is waiting whenever a slot is free; ends when every [`CheckoutBatcher`] is dropped.
-async fn dispatch(pool: PgPool, mut rx: mpsc::Receiver<Job>, max: usize, slots: Arc<Semaphore>) {
+async fn dispatch(
+    pool: PgPool,
+    mut rx: mpsc::Receiver<Job>,
+    policy: BatchPolicy,
+    slots: Arc<Semaphore>,
+    coming: Arc<Coming>,
+) {
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
         let Some(first) = rx.recv().await else { return };
         let mut jobs = vec![first];
-        while jobs.len() < max {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
+        take_waiting(&mut rx, &mut jobs, policy.max);
+        gather(&mut rx, &mut jobs, &policy, &coming).await;
         let pool = pool.clone();
         tokio::spawn(async move {
             // One batch per event (and payment terms): in an on-sale, one batch.
@@ -80,6 +146,45 @@ async fn dispatch(pool: PgPool, mut rx: mpsc::Receiver<Job>, max: usize, slots: 
             drop(slot);
         });
     }
+}
+
+fn take_waiting(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, max: usize) {
+    while jobs.len() < max {
+        match rx.try_recv() {
+            Ok(job) => jobs.push(job),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Waits, up to `policy.wait`, for the checkouts that were announced when the batch was about to go: until
+/// they are all queued or given up, or the batch is full. Checkouts announced during the wait are not waited
+/// for (under a steady stream the wait would never end), though they join if they arrive in time.
+async fn gather(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, policy: &BatchPolicy, coming: &Coming) {
+    let mut expected = (jobs.len() + coming.count.load(Ordering::Acquire)).min(policy.max);
+    if expected <= jobs.len() || policy.wait.is_zero() {
+        return;
+    }
+    let deadline = Instant::now() + policy.wait;
+    while jobs.len() < expected {
+        let fell = coming.fell.notified();
+        let on_way = coming.count.load(Ordering::Acquire);
+        if on_way == 0 {
+            break;
+        }
+        // A checkout given up on the way is one fewer to wait for.
+        expected = expected.min(jobs.len() + on_way);
+        tokio::select! {
+            job = rx.recv() => match job {
+                Some(job) => jobs.push(job),
+                None => break,
+            },
+            () = fell => {}
+            () = tokio::time::sleep_until(deadline) => break,
+        }
+        take_waiting(rx, jobs, policy.max);
+    }
+    take_waiting(rx, jobs, policy.max);
 }
 
 async fn settle(pool: &PgPool, batch: Vec<Job>) {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use booking::domain::{EventId, HoldToken, SeatId};
-use booking::store::batcher::CheckoutBatcher;
+use booking::store::batcher::{BatchPolicy, CheckoutBatcher};
 use booking::store::orders::{self, Answer, Checkout, CheckoutError, NewOrder};
 use booking::store::outbox;
 use futures::future::join_all;
@@ -174,6 +174,70 @@ async fn blocked(app: &TestApp, query_like: &str) -> bool {
     .await
 }
 
+/// How many transactions wrote the accounts' orders.
+async fn transactions_of(app: &TestApp, accounts: &[&str]) -> i64 {
+    sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM orders WHERE account_id = ANY($1)")
+        .bind(accounts)
+        .fetch_one(&app.pool)
+        .await
+        .expect("transactions")
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_batch_waits_for_the_checkouts_announced_before_it_went_and_only_for_those(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let cur = currency(&app).await;
+    let seats = app.seats_on_sale().await;
+    let order = |account: &str, seat: i64| new_order(app.event, &cur, account, &[seat], account);
+    let spawn = |announced: booking::store::batcher::Announced, new: NewOrder| {
+        tokio::spawn(async move { announced.checkout(new).await })
+    };
+    // A wait far longer than any checkout, so a batch that waited for nothing shows.
+    let batcher =
+        CheckoutBatcher::start(app.pool.clone(), BatchPolicy { max: 32, in_flight: 1, wait: Duration::from_secs(5) });
+    let at_most = Duration::from_secs(3);
+
+    // Three requests enter the Redis gate together; one is through it. Its batch waits for the other two,
+    // and all three are written in one transaction.
+    let (a, b, c) = (batcher.announce(), batcher.announce(), batcher.announce());
+    let first = spawn(a, order("fan-a", seats[0]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!first.is_finished(), "the batch went without the two checkouts on their way");
+    let others = [spawn(b, order("fan-b", seats[1])), spawn(c, order("fan-c", seats[2]))];
+    let settled = tokio::time::timeout(at_most, join_all([first].into_iter().chain(others))).await.expect("settled");
+    for s in &settled {
+        created(s.as_ref().expect("join"));
+    }
+    assert_eq!(transactions_of(&app, &["fan-a", "fan-b", "fan-c"]).await, 1, "one batch");
+
+    // A lone checkout with nothing on its way goes at once.
+    let alone = tokio::time::timeout(at_most, batcher.checkout(order("fan-d", seats[3]))).await;
+    created(&alone.expect("a lone checkout waited for company that was not coming"));
+
+    // A checkout announced and then refused before Postgres (dropped) is no longer waited for.
+    let (e, f) = (batcher.announce(), batcher.announce());
+    let ready = spawn(e, order("fan-e", seats[4]));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!ready.is_finished(), "the batch went without the checkout on its way");
+    drop(f);
+    let settled = tokio::time::timeout(at_most, ready).await.expect("waited for a refused checkout");
+    created(&settled.expect("join"));
+
+    // One announced that never comes holds a batch back only for the wait.
+    let batcher = CheckoutBatcher::start(
+        app.pool.clone(),
+        BatchPolicy { max: 32, in_flight: 1, wait: Duration::from_millis(300) },
+    );
+    let (g, _never) = (batcher.announce(), batcher.announce());
+    let started = std::time::Instant::now();
+    let settled = tokio::time::timeout(at_most, g.checkout(order("fan-g", seats[5]))).await.expect("waited too long");
+    created(&settled);
+    assert!(started.elapsed() >= Duration::from_millis(300), "the batch did not wait for the announced checkout");
+    assert_eq!(app.order_count().await, 6);
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn a_batch_that_fails_whole_is_settled_one_by_one(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
@@ -181,7 +245,7 @@ async fn a_batch_that_fails_whole_is_settled_one_by_one(pool: PgPool) {
     let seats = app.seats_on_sale().await;
     let (w, x, y) = (seats[0], seats[1], seats[2]);
     // One batch at a time, so checkouts queue behind a busy one and go together.
-    let batcher = CheckoutBatcher::start(app.pool.clone(), 32, 1);
+    let batcher = CheckoutBatcher::start(app.pool.clone(), BatchPolicy { max: 32, in_flight: 1, wait: Duration::ZERO });
     // Two intruders' checkouts, not yet committed: Postgres sees their seats, the batch's checks cannot.
     let intrude = async |seat: i64| {
         let mut tx = app.pool.begin().await.expect("begin");
