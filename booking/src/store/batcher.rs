@@ -165,7 +165,8 @@ async fn gather(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, policy: &Batc
     if expected <= jobs.len() || policy.wait.is_zero() {
         return;
     }
-    let deadline = Instant::now() + policy.wait;
+    let started = Instant::now();
+    let deadline = started + policy.wait;
     while jobs.len() < expected {
         let fell = coming.fell.notified();
         let on_way = coming.count.load(Ordering::Acquire);
@@ -185,6 +186,7 @@ async fn gather(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, policy: &Batc
         take_waiting(rx, jobs, policy.max);
     }
     take_waiting(rx, jobs, policy.max);
+    metrics::histogram!("booking_checkout_batch_wait_seconds").record(started.elapsed().as_secs_f64());
 }
 
 async fn settle(pool: &PgPool, batch: Vec<Job>) {
