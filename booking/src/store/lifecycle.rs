@@ -412,8 +412,8 @@ pub struct HistoryEntry {
 /// An order's history, oldest first.
 pub async fn history(pool: &PgPool, id: OrderId) -> Result<Vec<HistoryEntry>, StoreError> {
     let rows = sqlx::query(
-        "SELECT id, kind, from_status, to_status, created_at, published_at IS NOT NULL AS published
-         FROM order_events WHERE order_id = $1 ORDER BY id",
+        "SELECT e.id, e.kind, e.from_status, e.to_status, e.created_at, (e.txid, e.id) <= (c.txid, c.id) AS published
+         FROM order_events e CROSS JOIN outbox_cursor c WHERE e.order_id = $1 ORDER BY e.id",
     )
     .bind(id.0)
     .fetch_all(pool)

@@ -120,3 +120,59 @@ async fn the_relay_in_booking_publishes_each_change_with_the_order_as_it_became(
     assert_eq!(data["seat_ids"], serde_json::json!([seat]));
     app.stop().await;
 }
+
+/// Outbox ids in the order the stream holds them.
+async fn stream_ids(app: &mut TestApp) -> Vec<i64> {
+    stream(app).await.into_iter().map(|(id, _)| id).collect()
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_row_committed_after_later_ones_is_published_not_skipped(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--outbox-relay-interval-ms", "0", "--sweep-interval-ms", "0"]).await;
+    let seats = app.seats_on_sale().await;
+    let (first, _) = app.reserve("fan-a", &[seats[0]]).await;
+
+    // A transaction writes an event row and stays open while a later checkout writes and commits its own: the
+    // open row has the smaller id, the later one is visible first.
+    let mut open = app.pool.begin().await.expect("begin");
+    let late: i64 = sqlx::query_scalar(
+        "INSERT INTO order_events (order_id, event_id, kind, from_status, to_status, data)
+         SELECT id, event_id, 'order.extended', status, status, '{}' FROM orders WHERE id = $1::uuid RETURNING id",
+    )
+    .bind(&first)
+    .fetch_one(&mut *open)
+    .await
+    .expect("insert the late row");
+    let (second, _) = app.reserve("fan-b", &[seats[1]]).await;
+    let ids_of = async |app: &TestApp, order: &str| -> Vec<i64> {
+        sqlx::query_scalar("SELECT id FROM order_events WHERE order_id = $1::uuid ORDER BY id")
+            .bind(order)
+            .fetch_all(&app.pool)
+            .await
+            .expect("ids")
+    };
+    let reserved_first = ids_of(&app, &first).await;
+    let reserved_second = ids_of(&app, &second).await;
+    assert!(reserved_first[0] < late && late < reserved_second[0], "{reserved_first:?} {late} {reserved_second:?}");
+
+    let mut relay = relay(&app, &[]);
+    assert!(
+        eventually(Duration::from_secs(20), async || !stream_ids(&mut app).await.is_empty()).await,
+        "the relay published the first order's event"
+    );
+    // Many relay ticks (20 ms each) with the late row's transaction still open: the relay waits for it rather
+    // than publish past it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stream_ids(&mut app).await, reserved_first, "nothing past the open transaction is published");
+    assert_eq!(backlog(&app).await, 1, "the second order's event waits (the late row is not visible yet)");
+
+    open.commit().await.expect("commit");
+    assert!(eventually(Duration::from_secs(20), async || backlog(&app).await == 0).await, "the relay caught up");
+    relay.kill().await.expect("kill");
+    assert_eq!(
+        stream_ids(&mut app).await,
+        [reserved_first[0], late, reserved_second[0]],
+        "every row once, in the order their transactions first wrote"
+    );
+    app.stop().await;
+}
