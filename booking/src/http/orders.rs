@@ -258,10 +258,9 @@ impl Answers<'_> {
 
 /// Gate 1: the hold exists, is this account's, and every seat still carries its token.
 async fn gate(state: &AppState, event: EventId, account: &str, token: HoldToken) -> Result<HoldRecord, ApiError> {
-    let rec = state.holds.record(event, token).await?.ok_or_else(hold_expired)?;
-    match state.holds.verify(event, account, token, &rec).await? {
-        HoldCheck::Live { .. } => Ok(rec),
-        HoldCheck::NotYours => Err(hold_not_yours()),
-        _ => Err(hold_expired()),
+    match state.holds.verify(event, account, token).await? {
+        Ok(rec) => Ok(rec),
+        Err(HoldCheck::NotYours) => Err(hold_not_yours()),
+        Err(_) => Err(hold_expired()),
     }
 }

@@ -29,7 +29,13 @@ impl Keys {
     }
 
     pub fn seat(&self, event: EventId, seat: SeatId) -> String {
-        format!("{}hold:{{ev{event}}}:seat:{seat}", self.prefix)
+        format!("{}{seat}", self.seat_prefix(event))
+    }
+
+    /// Every seat key of the event is this and the seat id (for `verify_hold.lua`, which reads the seats from
+    /// the hold's record).
+    pub fn seat_prefix(&self, event: EventId) -> String {
+        format!("{}hold:{{ev{event}}}:seat:", self.prefix)
     }
 
     pub fn record(&self, event: EventId, token: HoldToken) -> String {
@@ -57,6 +63,7 @@ struct Scripts {
     extend: Script,
     reserve: Script,
     release_order: Script,
+    verify: Script,
 }
 
 impl Scripts {
@@ -67,6 +74,7 @@ impl Scripts {
             extend: Script::new(include_str!("../../../lua/extend_hold.lua")),
             reserve: Script::new(include_str!("../../../lua/reserve_seats.lua")),
             release_order: Script::new(include_str!("../../../lua/release_seats.lua")),
+            verify: Script::new(include_str!("../../../lua/verify_hold.lua")),
         }
     }
 }
@@ -134,8 +142,6 @@ pub struct HoldRecord {
     pub account: String,
     pub seats: Vec<SeatId>,
     seats_raw: String,
-    /// When the hold ends (unix ms, Redis's clock), as the record said when it was read.
-    expires_at_ms: i64,
 }
 
 /// Outcome of a compare-and-* script on an existing hold.
@@ -218,13 +224,12 @@ impl Holds {
     pub async fn record(&self, event: EventId, token: HoldToken) -> Result<Option<HoldRecord>, StoreError> {
         let mut conn = self.conn.clone();
         let key = self.keys.record(event, token);
-        let (account, seats, expires): (Option<String>, Option<String>, Option<i64>) = self
-            .run(redis::cmd("HMGET").arg(&key).arg("account").arg("seats").arg("expires").query_async(&mut conn))
-            .await?;
-        match (account, seats, expires) {
-            (Some(account), Some(raw), Some(expires_at_ms)) => {
+        let (account, seats): (Option<String>, Option<String>) =
+            self.run(redis::cmd("HMGET").arg(&key).arg("account").arg("seats").query_async(&mut conn)).await?;
+        match (account, seats) {
+            (Some(account), Some(raw)) => {
                 let seats = split_seats(&raw).ok_or_else(|| StoreError::Unexpected(format!("seat list {raw:?}")))?;
-                Ok(Some(HoldRecord { account, seats, seats_raw: raw, expires_at_ms }))
+                Ok(Some(HoldRecord { account, seats, seats_raw: raw }))
             }
             _ => Ok(None),
         }
@@ -260,34 +265,33 @@ impl Holds {
         decode_check("extend_hold", &self.call(inv).await?, |e| HoldCheck::Live { expires_at_ms: e })
     }
 
-    /// Read-only check, on a record just read, that the hold is `account`'s, has not run out by Redis's clock,
-    /// and that every seat still carries `token`: one round trip of plain commands (`TIME` and `MGET`), which
-    /// cost Redis a fraction of a script call. Nothing is written, so it need not be atomic with the read of the
-    /// record; Postgres decides the sale.
+    /// A checkout's first gate, read-only and one round trip (`verify_hold.lua`): the hold's record if it is
+    /// `account`'s, has not run out by Redis's clock, and every seat still carries its token; otherwise why not
+    /// (`NotFound`, `NotYours` or `Lost`).
     pub async fn verify(
         &self,
         event: EventId,
         account: &str,
         token: HoldToken,
-        rec: &HoldRecord,
-    ) -> Result<HoldCheck, StoreError> {
-        if rec.account != account {
-            return Ok(HoldCheck::NotYours);
-        }
-        let keys: Vec<String> = rec.seats.iter().map(|&s| self.keys.seat(event, s)).collect();
-        let mut pipe = redis::pipe();
-        pipe.cmd("TIME").cmd("MGET").arg(keys);
+    ) -> Result<Result<HoldRecord, HoldCheck>, StoreError> {
+        let mut inv = self.scripts.verify.prepare_invoke();
+        inv.key(self.keys.record(event, token)).arg(token.to_string()).arg(account).arg(self.keys.seat_prefix(event));
         let mut conn = self.conn.clone();
-        let ((secs, micros), values): ((i64, i64), Vec<Option<String>>) = self.run(pipe.query_async(&mut conn)).await?;
-        let now_ms = secs * 1000 + micros / 1000;
-        if rec.expires_at_ms <= now_ms {
-            return Ok(HoldCheck::Lost { index: None });
+        let reply: Vec<redis::Value> = self.run(inv.invoke_async(&mut conn)).await?;
+        let unexpected = || StoreError::Unexpected(format!("verify_hold: {reply:?}"));
+        if let [redis::Value::Int(1), seats] = reply.as_slice() {
+            let raw: String = redis::from_redis_value(seats.clone()).map_err(|_| unexpected())?;
+            let seats = split_seats(&raw).ok_or_else(unexpected)?;
+            return Ok(Ok(HoldRecord { account: account.to_owned(), seats, seats_raw: raw }));
         }
-        let mine = token.to_string();
-        Ok(match values.iter().position(|v| v.as_deref() != Some(mine.as_str())) {
-            Some(index) => HoldCheck::Lost { index: Some(index) },
-            None => HoldCheck::Live { expires_at_ms: rec.expires_at_ms },
-        })
+        let codes: Vec<i64> = reply
+            .iter()
+            .map(|v| if let redis::Value::Int(i) = v { Ok(*i) } else { Err(unexpected()) })
+            .collect::<Result<_, _>>()?;
+        match decode_check("verify_hold", &codes, |_| HoldCheck::NotFound)? {
+            HoldCheck::Live { .. } | HoldCheck::Released { .. } => Err(unexpected()),
+            refused => Ok(Err(refused)),
+        }
     }
 
     /// After Postgres gave the seats to an order: marks them taken until `until` (the payment deadline, or

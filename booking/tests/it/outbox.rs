@@ -68,14 +68,20 @@ async fn a_relay_killed_between_publish_and_commit_loses_nothing(pool: PgPool) {
         sqlx::query_scalar("SELECT id FROM order_events ORDER BY id").fetch_all(&app.pool).await.expect("ids");
     assert_eq!(written.len(), 9 + 3 + 1);
 
-    // Batches of 4: the third batch is on the stream when the process aborts, and is not marked published.
+    // Batches of at most 4 (fewer when a transaction elsewhere on the server holds the relay back): the batch
+    // that brings the count to 10 is on the stream when the process aborts, and the cursor is not past it.
     let mut crashing = relay(&app, &["--crash-after-publish", "10"]);
     let status =
         tokio::time::timeout(Duration::from_secs(20), crashing.wait()).await.expect("relay ends").expect("wait");
     assert!(!status.success(), "the relay aborted: {status:?}");
     let after_crash = stream(&mut app).await;
-    assert_eq!(after_crash.len(), 12, "three batches reached the stream");
-    assert_eq!(backlog(&app).await, 13 - 8, "only the first two batches were marked");
+    let marked = written.len() - usize::try_from(backlog(&app).await).expect("a count");
+    assert!((10..=written.len()).contains(&after_crash.len()), "the relay stopped at 10: {}", after_crash.len());
+    assert!(
+        (after_crash.len() - 4..after_crash.len()).contains(&marked),
+        "the cursor stands before the last batch published ({marked} of {} marked)",
+        after_crash.len()
+    );
 
     let mut healthy = relay(&app, &[]);
     assert!(eventually(Duration::from_secs(20), async || backlog(&app).await == 0).await, "the relay caught up");
@@ -90,7 +96,7 @@ async fn a_relay_killed_between_publish_and_commit_loses_nothing(pool: PgPool) {
     ids.sort_unstable();
     assert_eq!(ids, written, "every event was delivered");
     let duplicated: Vec<i64> = ids.iter().copied().filter(|id| by_id[id].len() > 1).collect();
-    assert_eq!(duplicated.len(), 4, "the crashed batch was published twice: {duplicated:?}");
+    assert_eq!(duplicated.len(), after_crash.len() - marked, "the crashed batch was published twice: {duplicated:?}");
     for id in duplicated {
         let copies = &by_id[&id];
         assert!(copies.iter().all(|c| c == &copies[0]), "a redelivery carries the same event: {copies:?}");
