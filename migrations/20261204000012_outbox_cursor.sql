@@ -37,6 +37,8 @@ SELECT pg_current_xact_id(),
        coalesce((SELECT min(id) - 1 FROM order_events WHERE published_at IS NULL),
                 (SELECT max(id) FROM order_events), 0);
 
-CREATE INDEX order_events_relay ON order_events (txid, id);
+-- The relay reads in (txid, id) order, and (txid, id) is unique (id is): it becomes the key. Nothing looks a row
+-- up by its id alone, so the index on id goes, and an event costs one index entry fewer than before.
+ALTER TABLE order_events DROP CONSTRAINT order_events_pkey, ADD PRIMARY KEY (txid, id);
 DROP INDEX order_events_unpublished;
 ALTER TABLE order_events DROP COLUMN published_at;

@@ -44,7 +44,7 @@ pub async fn relay_batch(
     // JIT, which the disabled scan's cost on the one-row cursor would otherwise set off on every tick.
     sqlx::raw_sql("SET LOCAL enable_seqscan = off; SET LOCAL jit = off").execute(&mut *tx).await?;
     let rows = sqlx::query(
-        "SELECT e.id, e.order_id, e.event_id, e.kind, e.from_status, e.to_status, e.data::text AS data,
+        "SELECT e.txid::text AS txid, e.id, e.order_id, e.event_id, e.kind, e.from_status, e.to_status, e.data::text AS data,
                 to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS at
          FROM order_events e
          WHERE (e.txid, e.id) > ((SELECT c.txid FROM outbox_cursor c), (SELECT c.id FROM outbox_cursor c))
@@ -59,7 +59,7 @@ pub async fn relay_batch(
         return Ok(0);
     }
     let mut pipe = redis::pipe();
-    let mut last = 0i64;
+    let mut last = (String::new(), 0i64);
     for r in &rows {
         let id: i64 = r.try_get("id")?;
         let order: uuid::Uuid = r.try_get("order_id")?;
@@ -79,12 +79,13 @@ pub async fn relay_batch(
             cmd.arg("MAXLEN").arg("~").arg(stream.max_len);
         }
         cmd.arg("*").arg(&fields[..]).arg("at").arg(r.try_get::<String, _>("at")?).ignore();
-        last = id;
+        last = (r.try_get("txid")?, id);
     }
     let _: () = pipe.query_async(conn).await?;
     published(rows.len());
-    sqlx::query("UPDATE outbox_cursor SET (txid, id) = (SELECT e.txid, e.id FROM order_events e WHERE e.id = $1)")
-        .bind(last)
+    sqlx::query("UPDATE outbox_cursor SET (txid, id) = ($1::xid8, $2)")
+        .bind(last.0)
+        .bind(last.1)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
