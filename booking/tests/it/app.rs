@@ -383,7 +383,8 @@ impl TestApp {
     }
 
     /// The promises the database must keep whatever happened: at most one active order per (event, seat);
-    /// every order's total is the sum of its seats; every seat was priced from its allocation.
+    /// every order's total is the sum of its seats; every seat was priced from its allocation; every order has
+    /// seats and every order seat its order.
     pub async fn assert_invariants(&self) {
         let doubles: Vec<(i64, i64, i64)> = sqlx::query_as(
             "SELECT event_id, seat_id, count(*) FROM order_seats WHERE active
@@ -419,6 +420,14 @@ impl TestApp {
         .await
         .expect("empty orders");
         assert!(empty.is_empty(), "orders without seats: {empty:?}");
+        let orphans: Vec<(Uuid, i64)> = sqlx::query_as(
+            "SELECT os.order_id, os.seat_id FROM order_seats os
+             WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id = os.order_id)",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("orphan seats");
+        assert!(orphans.is_empty(), "order seats without their order: {orphans:?}");
     }
 }
 
