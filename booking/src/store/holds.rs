@@ -288,7 +288,8 @@ impl Holds {
             .iter()
             .map(|v| if let redis::Value::Int(i) = v { Ok(*i) } else { Err(unexpected()) })
             .collect::<Result<_, _>>()?;
-        match decode_check("verify_hold", &codes, |_| HoldCheck::NotFound)? {
+        // The live answer carries the seat list, so a numeric [1, n] is as unexpected as anything else.
+        match decode_check("verify_hold", &codes, |n| HoldCheck::Live { expires_at_ms: n })? {
             HoldCheck::Live { .. } | HoldCheck::Released { .. } => Err(unexpected()),
             refused => Ok(Err(refused)),
         }
