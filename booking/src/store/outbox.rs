@@ -12,6 +12,15 @@ use sqlx::{PgPool, Row};
 
 use super::StoreError;
 
+/// The condition on an `order_events` row `e` that it is past the cursor: not published yet (a literal, for
+/// `concat!`). The cursor's two values are InitPlans, so the row comparison starts the key's index scan rather
+/// than filtering it.
+macro_rules! past_cursor {
+    () => {
+        "(e.txid, e.id) > ((SELECT c.txid FROM outbox_cursor c), (SELECT c.id FROM outbox_cursor c))"
+    };
+}
+
 /// Where and how the relay publishes.
 #[derive(Debug, Clone)]
 pub struct Stream {
@@ -39,18 +48,17 @@ pub async fn relay_batch(
         return Ok(0);
     }
     // Index lookups whatever the statistics say (as the order functions have since migration 008): a plan made
-    // while order_events looked empty scanned the whole table on every tick, and the table only grows. The
-    // cursor's two values are InitPlans, so the row comparison is the index scan's start, not a filter; and no
+    // while order_events looked empty scanned the whole table on every tick, and the table only grows. And no
     // JIT, which the disabled scan's cost on the one-row cursor would otherwise set off on every tick.
     sqlx::raw_sql("SET LOCAL enable_seqscan = off; SET LOCAL jit = off").execute(&mut *tx).await?;
-    let rows = sqlx::query(
-        "SELECT e.txid::text AS txid, e.id, e.order_id, e.event_id, e.kind, e.from_status, e.to_status, e.data::text AS data,
+    let rows = sqlx::query(concat!(
+        "SELECT e.txid::text AS txid, e.id, e.order_id, e.event_id, e.kind, e.from_status, e.to_status,
+                e.data::text AS data,
                 to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS at
-         FROM order_events e
-         WHERE (e.txid, e.id) > ((SELECT c.txid FROM outbox_cursor c), (SELECT c.id FROM outbox_cursor c))
-           AND e.txid < pg_snapshot_xmin(pg_current_snapshot())
-         ORDER BY e.txid, e.id LIMIT $1",
-    )
+         FROM order_events e WHERE ",
+        past_cursor!(),
+        " AND e.txid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY e.txid, e.id LIMIT $1"
+    ))
     .bind(batch)
     .fetch_all(&mut *tx)
     .await?;
@@ -94,10 +102,7 @@ pub async fn relay_batch(
 
 /// Rows not yet published (for metrics and tests).
 pub async fn backlog(pool: &PgPool) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM order_events e
-         WHERE (e.txid, e.id) > ((SELECT c.txid FROM outbox_cursor c), (SELECT c.id FROM outbox_cursor c))",
-    )
-    .fetch_one(pool)
-    .await?)
+    Ok(sqlx::query_scalar(concat!("SELECT count(*) FROM order_events e WHERE ", past_cursor!()))
+        .fetch_one(pool)
+        .await?)
 }
