@@ -148,27 +148,22 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let holds = figures[0].per_second / figures[1].per_second;
     let checkouts = figures[2].per_second;
-    let pgbench = &figures[3..];
-    let best = pgbench.iter().max_by(|a, b| a.per_second.total_cmp(&b.per_second)).context("no pgbench run")?;
+    // The pgbench figures follow the checkouts', one per client count, in the order asked.
+    let pgbench: Vec<(u32, f64)> =
+        args.pgbench_clients.iter().copied().zip(figures[3..].iter().map(|f| f.per_second)).collect();
+    let best = (0..pgbench.len()).max_by(|&a, &b| pgbench[a].1.total_cmp(&pgbench[b].1)).context("no pgbench run")?;
     println!();
     println!("holds through booking / raw EVALSHA            = {holds:.2}  (target >= 0.50)");
     println!(
-        "checkouts through booking / pgbench at its best = {:.2}  (target >= 0.50; {}, the fastest of {})",
-        checkouts / best.per_second,
-        best.note_head(),
-        pgbench.iter().map(Figure::note_head).collect::<Vec<_>>().join(", ")
+        "checkouts through booking / pgbench at its best = {:.2}  (target >= 0.50; pgbench -c{}, the fastest of -c{})",
+        checkouts / pgbench[best].1,
+        pgbench[best].0,
+        args.pgbench_clients.iter().map(u32::to_string).collect::<Vec<_>>().join(", -c")
     );
-    for f in pgbench.iter().filter(|f| !std::ptr::eq(*f, best)) {
-        println!("  against {:<38} = {:.2}", f.note_head(), checkouts / f.per_second);
+    for (_, (clients, per_second)) in pgbench.iter().enumerate().filter(|&(i, _)| i != best) {
+        println!("  against {:<38} = {:.2}", format!("pgbench -c{clients}"), checkouts / per_second);
     }
     Ok(())
-}
-
-impl Figure {
-    /// The note's first part: the tool and its concurrency ("pgbench -c8").
-    fn note_head(&self) -> &str {
-        self.note.split(" (").next().unwrap_or(&self.note)
-    }
 }
 
 /// `url` with its search path set to `schema` alone, for this process's pool, the child server and pgbench.
