@@ -122,6 +122,10 @@ async fn a_batch_settles_each_checkout_as_it_would_be_settled_alone(pool: PgPool
     assert_eq!(created(&settled[12]).seats[0].0.0, seats[26]);
     assert_eq!(created(&settled[13]).seats[0].0.0, seats[9]);
     assert!(matches!(settled[14], Ok(Checkout::AccountCap { owned: 4 })), "{:?}", settled[14]);
+    // The plainly new items went together, in the batch's own statement; fan-3's two went one by one, each in
+    // a subtransaction of its own.
+    assert_eq!(transactions_of(&app, &["fan-1", "fan-2"]).await, 1, "the new items were not written together");
+    assert_eq!(transactions_of(&app, &["fan-1", "fan-2", "fan-3"]).await, 3, "an account twice went set-based");
 
     // Refused items wrote nothing; the lapsed order was expired to make room; the prices are the
     // allocations' (assert_invariants).
