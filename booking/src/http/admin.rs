@@ -87,7 +87,7 @@ async fn admin_view(state: &AppState, id: OrderId) -> Result<AdminOrderView, Api
 }
 
 /// An order with its history (every change of state, oldest first).
-#[utoipa::path(get, path = "/admin/orders/{order_id}", tag = "admin",
+#[utoipa::path(get, path = "/admin/orders/{order_id}", tag = "admin", operation_id = "admin_get_order",
     params(("order_id" = String, Path, format = Uuid)),
     security(("admin" = [])),
     responses(

@@ -85,3 +85,38 @@ fn committed_openapi_matches_the_code() {
         "booking/openapi.json is stale: regenerate it with `cargo run -p booking -- openapi > booking/openapi.json`"
     );
 }
+
+#[test]
+fn operation_ids_are_unique_and_every_link_names_an_operation_and_its_parameters() {
+    let doc: serde_json::Value = serde_json::from_str(&booking::http::openapi::document()).expect("json");
+    let mut operations = std::collections::HashMap::new();
+    for item in doc["paths"].as_object().expect("paths").values() {
+        for operation in item.as_object().expect("path item").values() {
+            let id = operation["operationId"].as_str().expect("operationId").to_owned();
+            let params: Vec<String> = operation["parameters"]
+                .as_array()
+                .map(|ps| ps.iter().filter_map(|p| p["name"].as_str().map(str::to_owned)).collect())
+                .unwrap_or_default();
+            assert!(operations.insert(id.clone(), params).is_none(), "operationId {id} is used twice");
+        }
+    }
+    let mut links = 0;
+    for item in doc["paths"].as_object().expect("paths").values() {
+        for operation in item.as_object().expect("path item").values() {
+            for response in operation["responses"].as_object().expect("responses").values() {
+                for (name, link) in response["links"].as_object().into_iter().flatten() {
+                    let target = link["operationId"].as_str().expect("link operationId");
+                    let params = operations.get(target).unwrap_or_else(|| panic!("link {name} names {target}"));
+                    for param in link["parameters"].as_object().into_iter().flatten().map(|(p, _)| p) {
+                        assert!(params.contains(param), "link {name}: {target} has no parameter {param}");
+                    }
+                    links += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(
+        links, 6,
+        "a hold links to its release, extension and checkout; an order to its reading, payment and extension"
+    );
+}
