@@ -53,9 +53,9 @@ impl Modify for AdmissionAuth {
 }
 
 /// Links from what a fan creates to what can be done with it next: a hold to its release, extension and
-/// checkout, an order to its reading, payment and extension. Clients can follow them, and so does schemathesis's
-/// stateful phase (`deploy/contract-test`), which without them never reached those operations with a real hold
-/// or order.
+/// checkout, an order to its reading, payment and extension, for clients and tools that follow links
+/// (schemathesis's stateful phase reads them; in `deploy/contract-test` it does not yet get a hold granted to
+/// start from).
 struct Links;
 
 impl Modify for Links {
