@@ -54,8 +54,8 @@ impl Modify for AdmissionAuth {
 
 /// Links from what a fan creates to what can be done with it next: a hold to its release, extension and
 /// checkout, an order to its reading, payment and extension, for clients and tools that follow links
-/// (schemathesis's stateful phase reads them; in `deploy/contract-test` it does not yet get a hold granted to
-/// start from).
+/// (schemathesis's stateful phase reads them; in `deploy/contract-test` it does not yet start a scenario from a
+/// hold).
 struct Links;
 
 impl Modify for Links {
