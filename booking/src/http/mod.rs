@@ -14,6 +14,7 @@ mod seat_maps;
 mod webhooks;
 
 use std::future::IntoFuture;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,7 @@ use axum::routing::{delete, get, post};
 use futures::FutureExt;
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokens::Keyring;
 use tokio::net::{TcpListener, UnixListener};
 
@@ -174,12 +175,18 @@ impl AppState {
     }
 }
 
-/// A Postgres pool sized and timed by configuration.
+/// A Postgres pool sized and timed by configuration, its connections without JIT compilation: booking's
+/// statements are point lookups and small writes that never run long enough to pay back a compilation, and a
+/// plan whose estimate passes `jit_above_cost` is compiled at every execution (migration 015 has the
+/// measurement).
 pub async fn connect_postgres(cfg: &ServeConfig) -> anyhow::Result<PgPool> {
+    let options = PgConnectOptions::from_str(cfg.db.database_url.expose_secret())
+        .context("DATABASE_URL")?
+        .options([("jit", "off")]);
     PgPoolOptions::new()
         .max_connections(cfg.database_pool_size)
         .acquire_timeout(Duration::from_millis(cfg.database_acquire_timeout_ms))
-        .connect(cfg.db.database_url.expose_secret())
+        .connect_with(options)
         .await
         .context("connecting to Postgres (is it running? `deploy/stack up` starts it)")
 }

@@ -120,3 +120,42 @@ fn operation_ids_are_unique_and_every_link_names_an_operation_and_its_parameters
         "a hold links to its release, extension and checkout; an order to its reading, payment and extension"
     );
 }
+
+/// No JIT compilation: the order functions turn it off for themselves, whoever calls them, and booking's own
+/// connections turn it off for everything else (migration 015 has the measurement that called for it).
+#[sqlx::test(migrations = "../migrations")]
+async fn neither_the_order_functions_nor_bookings_connections_compile_plans(pool: PgPool) {
+    let functions = [
+        "checkout_order",
+        "checkout_batch",
+        "transition_order",
+        "order_snapshot",
+        "expire_order",
+        "expire_stale_orders_on",
+    ];
+    let settings: Vec<(String, Vec<String>)> = sqlx::query_as(
+        "SELECT proname::text, coalesce(proconfig, '{}') FROM pg_proc
+         WHERE proname = ANY($1) AND pronamespace = current_schema()::regnamespace",
+    )
+    .bind(&functions[..])
+    .fetch_all(&pool)
+    .await
+    .expect("settings");
+    assert_eq!(settings.len(), functions.len(), "{settings:?}");
+    for (name, config) in &settings {
+        assert!(config.iter().any(|c| c == "jit=off"), "{name} may be compiled: {config:?}");
+    }
+
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: run the tests with `deploy/test`");
+    let args = ["booking", "serve", "--database-url", &url, "--redis-url", "redis://127.0.0.1:1/"];
+    let args = args.into_iter().chain(["--admission-keys", crate::app::KEYS]);
+    let booking::config::Command::Serve(cfg) =
+        <booking::config::Cli as clap::Parser>::try_parse_from(args).expect("config").command
+    else {
+        unreachable!("serve was asked for")
+    };
+    let own = booking::http::connect_postgres(&cfg).await.expect("booking's pool");
+    let jit: String = sqlx::query_scalar("SHOW jit").fetch_one(&own).await.expect("SHOW jit");
+    assert_eq!(jit, "off");
+    own.close().await;
+}
