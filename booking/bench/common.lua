@@ -2,24 +2,17 @@
 --
 -- The client is part of what is measured (it shares the 2-core box with the servers), so the scripts keep it
 -- cheap, as redis-benchmark and pgbench are:
--- * every request is built in init(), which wrk runs before it starts its clock; request() only hands the
---   next one out;
+-- * every request is built in init(), before wrk starts its clock; request() only hands the next one out;
 -- * no response() callback: with one, wrk hands every response's headers and body to Lua. The counts come from
 --   wrk's own summary instead: the phases' requests answer 201 or an error status, never another 2xx.
--- Together these took wrk from 32 to 14-21 µs of CPU per checkout (2026-12-04, /proc, two runs each).
+-- Together these took wrk from 30-32 to 14-21 µs of CPU per checkout in two threads (2026-12-04, /proc, four
+-- runs each), and to 12 µs in one (two runs).
+--
+-- wrk runs these scripts in one thread (`-t 1`). wrk starts each thread as soon as its init() has run and its
+-- clock only once the last thread has started, and counts every answer: with two threads, the first sent
+-- requests, counted in the totals, while the second built its own (about 0.6 s of an 8 s phase).
 
-local counter = 0
-
-function setup(thread)
-  thread:set("tid", counter)
-  counter = counter + 1
-end
-
-function threads_total()
-  return tonumber(os.getenv("WRK_THREADS") or "2")
-end
-
--- The requests this thread sends, in order, and the next one's index.
+-- The requests to send, in order, and the next one's index.
 prepared, next_prepared = {}, 1
 
 function request()

@@ -527,16 +527,16 @@ fn which(tool: &str) -> anyhow::Result<()> {
     if ok { Ok(()) } else { bail!("not found") }
 }
 
+/// wrk in one thread: with more, the first thread sends while the next still prepares its requests, before
+/// wrk's clock starts, and those requests count (`bench/common.lua` says more).
 fn wrk(args: &BenchArgs, script: &std::path::Path, base: &str, script_args: &[&str]) -> anyhow::Result<String> {
-    let threads = 2;
     let out = Command::new("wrk")
-        .args(["-t", &threads.to_string(), "-c", &args.connections.to_string(), "-d", &format!("{}s", args.seconds)])
+        .args(["-t", "1", "-c", &args.connections.to_string(), "-d", &format!("{}s", args.seconds)])
         .args(["--latency", "-s"])
         .arg(script)
         .arg(base)
         .arg("--")
         .args(script_args)
-        .env("WRK_THREADS", threads.to_string())
         .output()
         .context("running wrk")?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
