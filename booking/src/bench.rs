@@ -82,19 +82,36 @@ struct Figure {
     ops: f64,
     /// Whether a booking server took part (its column is printed only then).
     booking: bool,
+    /// WAL the cluster wrote over the rounds (for the Postgres phases): records, full-page images, bytes.
+    wal: Option<[f64; 3]>,
 }
 
 impl Figure {
     fn new(what: &str) -> Self {
-        Self { what: what.into(), per_second: vec![], notes: vec![], ticks: [0; 3], ops: 0.0, booking: false }
+        Self {
+            what: what.into(),
+            per_second: vec![],
+            notes: vec![],
+            ticks: [0; 3],
+            ops: 0.0,
+            booking: false,
+            wal: None,
+        }
     }
 
-    /// Records a round that did `ops` operations in `--seconds`, with the CPU `cpu` saw since it started, and
-    /// says how it went on stderr.
-    fn add(&mut self, args: &BenchArgs, ops: f64, cpu: CpuMeter, note: String) {
+    /// Records a round that did `ops` operations in `--seconds`, with the CPU `cpu` saw since it started and
+    /// the WAL written meanwhile (Postgres phases), and says how it went on stderr.
+    fn add(&mut self, args: &BenchArgs, ops: f64, cpu: CpuMeter, wal: Option<[f64; 3]>, note: String) {
         let spent = cpu.spent();
         let booking = cpu.booking.is_some();
-        eprintln!("bench:   {:.0} a second; {}", ops / args.seconds as f64, cpu_per_op(&spent, ops, booking));
+        let wal_note = wal.map(|w| format!("; {}", wal_per_op(&w, ops))).unwrap_or_default();
+        eprintln!("bench:   {:.0} a second; {}{wal_note}", ops / args.seconds as f64, cpu_per_op(&spent, ops, booking));
+        if let Some(w) = wal {
+            let total = self.wal.get_or_insert([0.0; 3]);
+            for (total, w) in total.iter_mut().zip(w) {
+                *total += w;
+            }
+        }
         self.per_second.push(ops / args.seconds as f64);
         for (total, spent) in self.ticks.iter_mut().zip(spent) {
             *total += spent;
@@ -118,10 +135,17 @@ impl Figure {
         self.per_second.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(" / ")
     }
 
-    /// The servers' CPU per operation, over every round.
+    /// The servers' CPU per operation, over every round, and the WAL per operation where it was measured.
     fn cpu_per_op(&self) -> String {
-        cpu_per_op(&self.ticks, self.ops, self.booking)
+        let wal = self.wal.map(|w| format!("; {}", wal_per_op(&w, self.ops))).unwrap_or_default();
+        format!("{}{wal}", cpu_per_op(&self.ticks, self.ops, self.booking))
     }
+}
+
+/// "WAL N records, N full pages, N bytes": what the cluster wrote, per operation.
+fn wal_per_op(wal: &[f64; 3], ops: f64) -> String {
+    let ops = ops.max(1.0);
+    format!("WAL {:.1} records, {:.2} full pages, {:.0} bytes", wal[0] / ops, wal[1] / ops, wal[2] / ops)
 }
 
 /// "booking N µs, Postgres N µs, Redis N µs": clock ticks spent by each, per operation.
@@ -308,14 +332,14 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
         eprintln!("bench: warning: every bench seat was held; raise --seats for a longer run");
     }
     let mut holds = Figure::new("holds through booking (HTTP + JWT + EVALSHA), 201s");
-    holds.add(args, granted, cpu, floor_note(wrk_note(args, &out)?, ran_out, "--seats"));
+    holds.add(args, granted, cpu, None, floor_note(wrk_note(args, &out)?, ran_out, "--seats"));
 
     // Phase 2: the same script straight at Redis.
     eprintln!("bench: redis-benchmark EVALSHA of lua/acquire_hold.lua");
     let cpu = CpuMeter::start(None);
     let per_second = redis_benchmark(args).await?;
     let mut evalsha = Figure::new("raw redis-benchmark EVALSHA acquire_hold.lua");
-    evalsha.add(args, per_second * args.seconds as f64, cpu, format!("redis-benchmark -c{}", args.connections));
+    evalsha.add(args, per_second * args.seconds as f64, cpu, None, format!("redis-benchmark -c{}", args.connections));
 
     // Phases 3 and 4, in rounds: checkouts through booking, of holds prepared untimed (one seat each, one per
     // account), then pgbench, single-row INSERT into a table shaped like order_seats, with each client count.
@@ -340,13 +364,15 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
         checkpoint(pool).await;
         eprintln!("bench: {of}: checkouts through booking for {} s", args.seconds);
         let cpu = CpuMeter::start(server.pid());
+        let wal = WalMeter::start(pool).await;
         let out = wrk(args, &script, &base, &[&event.0.to_string(), &holds_file.to_string_lossy()])?;
         let created = field(&out, "created")?;
         let ran_out = created as usize >= args.checkout_holds;
         if ran_out {
             eprintln!("bench: warning: every prepared hold was checked out; raise --checkout-holds");
         }
-        checkouts.add(args, created, cpu, floor_note(wrk_note(args, &out)?, ran_out, "--checkout-holds"));
+        let wal = wal.spent(pool).await;
+        checkouts.add(args, created, cpu, wal, floor_note(wrk_note(args, &out)?, ran_out, "--checkout-holds"));
         server.stop();
 
         for (clients, figure) in &mut pgbench_runs {
@@ -354,8 +380,10 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
             checkpoint(pool).await;
             eprintln!("bench: {of}: pgbench single-row INSERT, {clients} clients");
             let cpu = CpuMeter::start(None);
+            let wal = WalMeter::start(pool).await;
             let per_second = pgbench(args, clients, scratch.url, pool, work).await?;
-            figure.add(args, per_second * args.seconds as f64, cpu, format!("pgbench -c{clients} (fsync on)"));
+            let wal = wal.spent(pool).await;
+            figure.add(args, per_second * args.seconds as f64, cpu, wal, format!("pgbench -c{clients} (fsync on)"));
         }
     }
     Ok(Figures { holds, evalsha, checkouts, pgbench: pgbench_runs })
@@ -437,6 +465,31 @@ impl Drop for ScratchServer {
 async fn checkpoint(pool: &PgPool) {
     if let Err(e) = sqlx::query("CHECKPOINT").execute(pool).await {
         eprintln!("bench: warning: no CHECKPOINT before the phase ({e}); a checkpoint may land in the middle of it");
+    }
+}
+
+/// WAL the whole cluster wrote during a phase, from `pg_stat_wal` (records, full-page images, bytes): a
+/// checkout writes several rows and index entries where pgbench's INSERT writes one row and one append to its
+/// key, and an index that takes its entries at random places (random UUIDs) gets a full-page image of each
+/// page's first change after a checkpoint. `None` where the server does not have the view.
+struct WalMeter(Option<[f64; 3]>);
+
+impl WalMeter {
+    async fn start(pool: &PgPool) -> Self {
+        Self(Self::read(pool).await)
+    }
+
+    async fn spent(self, pool: &PgPool) -> Option<[f64; 3]> {
+        let (start, end) = (self.0?, Self::read(pool).await?);
+        Some(std::array::from_fn(|i| end[i] - start[i]))
+    }
+
+    async fn read(pool: &PgPool) -> Option<[f64; 3]> {
+        let row: (i64, i64, f64) = sqlx::query_as("SELECT wal_records, wal_fpi, wal_bytes::float8 FROM pg_stat_wal")
+            .fetch_one(pool)
+            .await
+            .ok()?;
+        Some([row.0 as f64, row.1 as f64, row.2])
     }
 }
 
