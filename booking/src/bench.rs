@@ -689,11 +689,13 @@ async fn prepare_holds(
             // One fan, one basket, one checkout: as in a sale, no two checkouts of an account race.
             let account = format!("bench{tag}-c{i}");
             async move {
-                let token = HoldToken::new_random();
+                let token = HoldToken::generate();
                 match holds.acquire(event, &account, token, &[SeatId(seat)], 8).await? {
                     Acquired::Granted { .. } => {
                         let claims = AdmissionClaims::new(AccountId::parse(&account)?, event.0, unix_now(), 3600);
-                        Ok::<_, anyhow::Error>(format!("{} {}", ring.sign(&claims), token))
+                        // A random Idempotency-Key, as clients make them (a UUIDv4), not the time-ordered token.
+                        let key = uuid::Uuid::new_v4();
+                        Ok::<_, anyhow::Error>(format!("{} {} {key}", ring.sign(&claims), token))
                     }
                     other => bail!("could not prepare a hold on seat {seat}: {other:?}"),
                 }

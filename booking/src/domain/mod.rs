@@ -31,8 +31,13 @@ pub struct SeatId(pub i64);
 pub struct HoldToken(pub Uuid);
 
 impl HoldToken {
-    pub fn new_random() -> Self {
-        Self(Uuid::new_v4())
+    /// A fresh token: a version 7 UUID, the millisecond it was made followed by 74 random bits (no counter, so
+    /// a token tells nothing of the next one). Time-ordered, so the orders' unique index on hold tokens takes
+    /// its entries at its right edge instead of at random pages: random keys cost a checkout a full-page image
+    /// in the WAL ever more often as the index grew (0.01 per checkout, then 0.06, then 0.10 over three bench
+    /// rounds of 100,000 holds, 2026-12-04).
+    pub fn generate() -> Self {
+        Self(Uuid::new_v7(uuid::Timestamp::now(uuid::NoContext)))
     }
 }
 
@@ -40,6 +45,14 @@ impl HoldToken {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct OrderId(pub Uuid);
+
+impl OrderId {
+    /// A fresh id: a version 7 UUID (time-ordered), so the indexes on order ids (`orders`, `order_seats`,
+    /// `order_events`) grow at their right edge, as a sequence's would.
+    pub fn generate() -> Self {
+        Self(Uuid::now_v7())
+    }
+}
 
 macro_rules! display_inner {
     ($($t:ty),*) => {$(

@@ -44,3 +44,25 @@ fn seat_lists_round_trip() {
     assert_eq!(split_seats("10,2,300"), Some(seats));
     assert_eq!(split_seats("10,x"), None);
 }
+
+#[test]
+fn hold_tokens_are_time_ordered_with_74_random_bits_and_order_ids_ascend() {
+    // The 74 bits under the millisecond, the version and the variant: random in a token, so two tokens made in
+    // the same millisecond share nothing there beyond chance (no counter to step from one to the next).
+    let payload = |u: &Uuid| u.as_u128() & ((1u128 << 62) - 1) | ((u.as_u128() >> 64) & 0xfff) << 62;
+    let millis = |u: &Uuid| u.as_u128() >> 80;
+    let tokens: Vec<Uuid> = (0..2_000).map(|_| HoldToken::generate().0).collect();
+    assert!(tokens.iter().all(|t| t.get_version_num() == 7));
+    assert!(tokens.windows(2).all(|w| millis(&w[0]) <= millis(&w[1])), "the timestamps never go back");
+    let steps = tokens
+        .windows(2)
+        .filter(|w| millis(&w[0]) == millis(&w[1]) && payload(&w[1]).abs_diff(payload(&w[0])) < 1 << 40)
+        .count();
+    assert_eq!(steps, 0, "a token's random part is not a step from the previous one's");
+    let distinct: std::collections::HashSet<u128> = tokens.iter().map(payload).collect();
+    assert_eq!(distinct.len(), tokens.len());
+
+    let orders: Vec<Uuid> = (0..2_000).map(|_| OrderId::generate().0).collect();
+    assert!(orders.iter().all(|o| o.get_version_num() == 7));
+    assert!(orders.windows(2).all(|w| w[0] < w[1]), "order ids ascend, so their indexes grow at one edge");
+}

@@ -160,7 +160,7 @@ pub async fn create_hold(
     let account = proof.account_for(event)?;
     let cat = catalogue(&state, event_id).await?;
     let basket = Basket::parse(&req.seat_ids, state.limits.max_seats_per_basket, &cat).map_err(basket_error)?;
-    let token = HoldToken::new_random();
+    let token = HoldToken::generate();
     let max = state.limits.max_seats_per_account;
     match state.holds.acquire(event, account.as_str(), token, basket.seats(), max).await? {
         Acquired::Granted { expires_at_ms } => {

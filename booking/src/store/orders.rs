@@ -208,7 +208,7 @@ pub struct Order {
 pub async fn checkout(pool: &PgPool, new: &NewOrder) -> Result<Checkout, CheckoutError> {
     let seat_ids: Vec<i64> = new.seats.iter().map(|s| s.0).collect();
     let query = sqlx::query("SELECT * FROM checkout_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
-        .bind(Uuid::new_v4())
+        .bind(OrderId::generate().0)
         .bind(new.event.0)
         .bind(&new.account)
         .bind(new.hold.0)
@@ -253,7 +253,7 @@ pub async fn checkout_batch(
             seat_ids.push(seat.0);
         }
     }
-    let orders: Vec<Uuid> = batch.iter().map(|_| Uuid::new_v4()).collect();
+    let orders: Vec<Uuid> = batch.iter().map(|_| OrderId::generate().0).collect();
     let query = sqlx::query("SELECT * FROM checkout_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
         .bind(first.event.0)
         .bind(&first.currency)
