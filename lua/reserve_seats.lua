@@ -1,54 +1,76 @@
--- reserve_seats: after Postgres wrote an order, mark its seats taken in Redis so later holds are refused
--- without a database round trip: at checkout (until the payment deadline), when the deadline is extended, and
--- when the order is paid (for good). Postgres stays the guarantee if this never runs (Redis flushed,
--- restarted or failed over); a marker only ever lapses early, never late.
+-- reserve_seats: after Postgres wrote orders, mark their seats taken in Redis so later holds are refused
+-- without a database round trip: at checkout (until the payment deadline; a batch of checkouts in one call),
+-- when the deadline is extended, and when the order is paid (for good). Postgres stays the guarantee if this
+-- never runs (Redis flushed, restarted or failed over); a marker only ever lapses early, never late.
 --
--- KEYS[1]     hold record (hash)            <p>hold:{evE}:token:<token>   deleted: the hold became an order
--- KEYS[2]     account seats (sorted set)    <p>hold:{evE}:account:<id>    member "<token>:<n>", score = the
+-- KEYS[1]     seat map version (counter)    <p>seatmap:{evE}:version
+-- then for each order, in turn:
+--   its hold record (hash)                  <p>hold:{evE}:token:<token>   deleted: the hold became an order
+--   its account's seats (sorted set)        <p>hold:{evE}:account:<id>    member "<token>:<n>", score = the
 --                                                                          deadline (ms), or +inf once paid
--- KEYS[3]     seat map version (counter)    <p>seatmap:{evE}:version
--- KEYS[4..]   seat keys of the order
--- ARGV[1]     hold token of the order
--- ARGV[2]     seats in the order (n)
--- ARGV[3]     the payment deadline (unix ms), or 0 when paid: the markers never lapse
--- ARGV[4]     1 to mark every seat whatever it holds now (Postgres just gave the seats to this order, e.g. a
+--   its n seat keys
+-- ARGV[1]     1 to mark every seat whatever it holds now (Postgres just gave the seats to this order, e.g. a
 --             late payment); 0 to mark only seats still carrying the hold's token or this order's marker
--- ARGV[5]     how long the account set outlives its last deadline (ms)
--- Returns     the number of seats marked
+-- ARGV[2]     how long an account set outlives its last deadline (ms)
+-- then for each order, in turn: its hold token, its seat count n, its payment deadline (unix ms, or 0 when
+-- paid: the markers never lapse)
+-- Returns     the number of seats marked, one per order
 -- Marker value: "sold:<token>", so releasing the order later deletes only its own markers.
 
-local marker = 'sold:' .. ARGV[1]
-local due = tonumber(ARGV[3])
-local force = ARGV[4] == '1'
-local marked = 0
-for i = 4, #KEYS do
-  local v = redis.call('GET', KEYS[i])
-  if force or v == ARGV[1] or v == marker then
-    if due > 0 then
-      redis.call('SET', KEYS[i], marker, 'PXAT', due)
-    else
-      redis.call('SET', KEYS[i], marker)
-    end
-    marked = marked + 1
-  end
+local force = ARGV[1] == '1'
+local retention = tonumber(ARGV[2])
+-- Checked before anything is written: the keys are the version, then each order's two keys and n seats.
+local expected = 1
+if #ARGV < 2 or (#ARGV - 2) % 3 ~= 0 then
+  return redis.error_reply('reserve_seats: ARGV is force, retention, then three values per order')
 end
--- The account's count follows the order: it lapses with the deadline and stays for good once paid.
-local member = ARGV[1] .. ':' .. ARGV[2]
-if due > 0 then
-  redis.call('ZADD', KEYS[2], due, member)
-  local pttl = redis.call('PTTL', KEYS[2])
-  local keep_until = due + tonumber(ARGV[5])
-  if pttl ~= -1 then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    if pttl < keep_until - now then
-      redis.call('PEXPIREAT', KEYS[2], keep_until)
+for a = 3, #ARGV, 3 do
+  expected = expected + 2 + (tonumber(ARGV[a + 1]) or -1)
+end
+if expected ~= #KEYS then
+  return redis.error_reply('reserve_seats: the keys do not match the orders and their seat counts')
+end
+local now
+local marked = {}
+local k = 2
+for a = 3, #ARGV, 3 do
+  local token, n, due = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local record, account = KEYS[k], KEYS[k + 1]
+  local marker = 'sold:' .. token
+  local count = 0
+  for i = k + 2, k + 1 + n do
+    local v = redis.call('GET', KEYS[i])
+    if force or v == token or v == marker then
+      if due > 0 then
+        redis.call('SET', KEYS[i], marker, 'PXAT', due)
+      else
+        redis.call('SET', KEYS[i], marker)
+      end
+      count = count + 1
     end
   end
-else
-  redis.call('ZADD', KEYS[2], '+inf', member)
-  redis.call('PERSIST', KEYS[2])
+  k = k + 2 + n
+  -- The account's count follows the order: it lapses with the deadline and stays for good once paid.
+  local member = token .. ':' .. n
+  if due > 0 then
+    redis.call('ZADD', account, due, member)
+    local pttl = redis.call('PTTL', account)
+    local keep_until = due + retention
+    if pttl ~= -1 then
+      if not now then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      if pttl < keep_until - now then
+        redis.call('PEXPIREAT', account, keep_until)
+      end
+    end
+  else
+    redis.call('ZADD', account, '+inf', member)
+    redis.call('PERSIST', account)
+  end
+  redis.call('DEL', record)
+  marked[#marked + 1] = count
 end
-redis.call('DEL', KEYS[1])
-redis.call('INCR', KEYS[3])
+redis.call('INCR', KEYS[1])
 return marked

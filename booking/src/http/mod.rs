@@ -152,6 +152,7 @@ impl AppState {
             payments,
             checkouts: CheckoutBatcher::start(
                 pool.clone(),
+                Some(holds.clone()),
                 BatchPolicy {
                     max: cfg.checkout_batch_max,
                     in_flight: batches_in_flight,

@@ -20,7 +20,7 @@ use super::events::catalogue;
 use super::holds::{PricedSeat, hold_expired, hold_not_yours, priced, seat_unavailable};
 use crate::domain::order::CancelReason;
 use crate::domain::{Catalogue, EventId, HoldToken, SeatId};
-use crate::store::holds::{HoldCheck, HoldRecord, OrderSeats, Until};
+use crate::store::holds::{HoldCheck, HoldRecord};
 use crate::store::orders::{self, Answer, Checkout, CheckoutError, NewOrder, Order, Recorded, rfc3339};
 
 /// Longest accepted idempotency key (also written out in `create_order`'s OpenAPI header parameter; the bad-input
@@ -175,12 +175,7 @@ pub async fn create_order(
     };
     metrics::counter!("booking_checkouts_total", "outcome" => "created").increment(1);
 
-    // Best effort: mark the seats taken in Redis until the payment deadline, so later holds are refused
-    // without Postgres. If this fails, the hold simply expires and Postgres still refuses any second sale.
-    let seats = OrderSeats { token, account, seats: &rec.seats };
-    if let Err(e) = state.holds.reserve(event, &seats, Until::deadline(order.payment_due_at), false).await {
-        tracing::warn!(error = %e, "checkout committed but the seats were not marked sold in Redis");
-    }
+    // The seats were marked sold in Redis before the batch answered (store/batcher.rs).
     Ok((StatusCode::CREATED, Json(view(&order, &cat))).into_response())
 }
 

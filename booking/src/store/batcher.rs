@@ -12,6 +12,10 @@
 //! Each checkout is settled exactly as it would be alone (the SQL function falls back to `checkout_order` per
 //! item for anything but a plainly new order); a batch whose statement fails as a whole wrote nothing and is
 //! run again one checkout at a time.
+//!
+//! After the commit, and before anyone is answered, the seats of every order the batch created are marked sold
+//! in Redis in one `reserve_seats` call (best effort: Postgres stays the guarantee), so a fan who hears of an
+//! order can no longer release its seats as a hold.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +27,7 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::StoreError;
+use super::holds::{Holds, OrderSeats, Until};
 use super::orders::{self, Checkout, CheckoutError, NewOrder};
 
 type Settled = Result<Checkout, CheckoutError>;
@@ -45,9 +50,16 @@ pub struct BatchPolicy {
 /// Hands checkouts to the dispatcher (or, with batches of one, straight to Postgres).
 #[derive(Clone)]
 pub struct CheckoutBatcher {
-    pool: PgPool,
+    stores: Stores,
     queue: Option<mpsc::Sender<Job>>,
     coming: Arc<Coming>,
+}
+
+/// Where checkouts are written, and where their seats are then marked sold (none in tests of Postgres alone).
+#[derive(Clone)]
+struct Stores {
+    pool: PgPool,
+    holds: Option<Holds>,
 }
 
 /// Checkouts announced and not yet queued (or given up), and a wake-up for the dispatcher when that count
@@ -77,7 +89,12 @@ impl Drop for Announced {
 impl Announced {
     /// Settles the announced checkout, in whichever batch it lands.
     pub async fn checkout(mut self, new: NewOrder) -> Settled {
-        let Some(queue) = self.batcher.queue.clone() else { return orders::checkout(&self.batcher.pool, &new).await };
+        let Some(queue) = self.batcher.queue.clone() else {
+            let stores = &self.batcher.stores;
+            let settled = orders::checkout(&stores.pool, &new).await;
+            stores.mark_sold(std::slice::from_ref(&new), std::slice::from_ref(&settled)).await;
+            return settled;
+        };
         let (reply, settled) = oneshot::channel();
         let sent = queue.send((new, reply)).await;
         self.queued = sent.is_ok();
@@ -91,16 +108,18 @@ impl Announced {
 
 impl CheckoutBatcher {
     /// Starts the dispatcher. With `policy.max` 1 there is no dispatcher and every checkout is its own
-    /// transaction.
-    pub fn start(pool: PgPool, policy: BatchPolicy) -> Self {
+    /// transaction. The orders' seats are marked sold in `holds` (`None`: not at all, for tests of Postgres
+    /// alone).
+    pub fn start(pool: PgPool, holds: Option<Holds>, policy: BatchPolicy) -> Self {
         let coming = Arc::new(Coming::default());
+        let stores = Stores { pool, holds };
         if policy.max <= 1 {
-            return Self { pool, queue: None, coming };
+            return Self { stores, queue: None, coming };
         }
         let (tx, rx) = mpsc::channel(QUEUE);
         let slots = Arc::new(Semaphore::new(policy.in_flight.max(1)));
-        tokio::spawn(dispatch(pool.clone(), rx, policy, slots, coming.clone()));
-        Self { pool, queue: Some(tx), coming }
+        tokio::spawn(dispatch(stores.clone(), rx, policy, slots, coming.clone()));
+        Self { stores, queue: Some(tx), coming }
     }
 
     /// Announces a checkout that will reach [`Announced::checkout`] soon (or be dropped on the way), so that a
@@ -122,7 +141,7 @@ fn stopped() -> CheckoutError {
 
 /// Takes what is waiting whenever a slot is free; ends when every [`CheckoutBatcher`] is dropped.
 async fn dispatch(
-    pool: PgPool,
+    stores: Stores,
     mut rx: mpsc::Receiver<Job>,
     policy: BatchPolicy,
     slots: Arc<Semaphore>,
@@ -134,16 +153,21 @@ async fn dispatch(
         let mut jobs = vec![first];
         take_waiting(&mut rx, &mut jobs, policy.max);
         gather(&mut rx, &mut jobs, &policy, &coming).await;
-        let pool = pool.clone();
+        let stores = stores.clone();
         tokio::spawn(async move {
             // One batch per event (and payment terms): in an on-sale, one batch.
+            let mut written = vec![];
             while let Some((head, _)) = jobs.first() {
                 let head = head.clone();
                 let (batch, rest): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|(n, _)| n.batches_with(&head));
                 jobs = rest;
-                settle(&pool, batch).await;
+                written.push(settle(&stores.pool, batch).await);
             }
+            // Postgres is done with the slot: the next batch may go while this one's seats are marked.
             drop(slot);
+            for batch in written {
+                batch.answer(&stores).await;
+            }
         });
     }
 }
@@ -189,7 +213,14 @@ async fn gather(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, policy: &Batc
     metrics::histogram!("booking_checkout_batch_wait_seconds").record(started.elapsed().as_secs_f64());
 }
 
-async fn settle(pool: &PgPool, batch: Vec<Job>) {
+/// A batch written to Postgres, its checkouts not yet answered.
+struct Written {
+    news: Vec<NewOrder>,
+    settled: Vec<Settled>,
+    replies: Vec<oneshot::Sender<Settled>>,
+}
+
+async fn settle(pool: &PgPool, batch: Vec<Job>) -> Written {
     metrics::histogram!("booking_checkout_batch_size").record(batch.len() as f64);
     let (news, replies): (Vec<NewOrder>, Vec<oneshot::Sender<Settled>>) = batch.into_iter().unzip();
     let settled = match news.as_slice() {
@@ -203,8 +234,39 @@ async fn settle(pool: &PgPool, batch: Vec<Job>) {
             }
         },
     };
-    // A receiver gone is a client that hung up: its checkout stands, and its key answers a retry.
-    for (reply, result) in replies.into_iter().zip(settled) {
-        let _ = reply.send(result);
+    Written { news, settled, replies }
+}
+
+impl Written {
+    /// Marks the new orders' seats sold, then answers every checkout of the batch.
+    async fn answer(self, stores: &Stores) {
+        stores.mark_sold(&self.news, &self.settled).await;
+        // A receiver gone is a client that hung up: its checkout stands, and its key answers a retry.
+        for (reply, result) in self.replies.into_iter().zip(self.settled) {
+            let _ = reply.send(result);
+        }
+    }
+}
+
+impl Stores {
+    /// Marks the seats of the orders just created (checkouts of one event) sold in Redis until their payment
+    /// deadline, in one call. Best effort: if it fails, the holds simply expire and Postgres still refuses any
+    /// second sale.
+    async fn mark_sold(&self, news: &[NewOrder], settled: &[Settled]) {
+        let (Some(holds), Some(first)) = (&self.holds, news.first()) else { return };
+        let created: Vec<(OrderSeats<'_>, Until)> = news
+            .iter()
+            .zip(settled)
+            .filter_map(|(new, settled)| match settled {
+                Ok(Checkout::Created(order)) => Some((
+                    OrderSeats { token: new.hold, account: &new.account, seats: &new.seats },
+                    Until::deadline(order.payment_due_at),
+                )),
+                _ => None,
+            })
+            .collect();
+        if let Err(e) = holds.reserve_all(first.event, &created, false).await {
+            tracing::warn!(error = %e, orders = created.len(), "checkouts committed but their seats were not marked sold in Redis");
+        }
     }
 }

@@ -298,7 +298,7 @@ impl Holds {
     /// After Postgres gave the seats to an order: marks them taken until `until` (the payment deadline, or
     /// for good once paid) and counts them against the account's cap as long. `force` marks every seat whatever
     /// Redis holds for it (a late payment took the seats back); otherwise only seats still carrying the hold's
-    /// token or this order's marker.
+    /// token or this order's marker. Returns how many seats were marked.
     pub async fn reserve(
         &self,
         event: EventId,
@@ -306,24 +306,40 @@ impl Holds {
         until: Until,
         force: bool,
     ) -> Result<i64, StoreError> {
-        let mut inv = self.scripts.reserve.prepare_invoke();
-        inv.key(self.keys.record(event, order.token))
-            .key(self.keys.account(event, order.account))
-            .key(self.keys.version(event));
-        for &seat in order.seats {
-            inv.key(self.keys.seat(event, seat));
+        let marked = self.reserve_all(event, &[(*order, until)], force).await?;
+        Ok(marked.first().copied().unwrap_or(0))
+    }
+
+    /// [`Holds::reserve`] for several orders of one event in one script call (a batch of checkouts): one
+    /// round trip and one bump of the seat map's version. Returns how many seats were marked, order by order.
+    pub async fn reserve_all(
+        &self,
+        event: EventId,
+        orders: &[(OrderSeats<'_>, Until)],
+        force: bool,
+    ) -> Result<Vec<i64>, StoreError> {
+        if orders.is_empty() {
+            return Ok(vec![]);
         }
-        let due_ms = match until {
-            Until::Deadline(ms) => ms.max(1),
-            Until::Paid => 0,
-        };
-        inv.arg(order.token.to_string())
-            .arg(order.seats.len())
-            .arg(due_ms)
-            .arg(u8::from(force))
-            .arg(ms(self.times.record_retention));
+        let mut inv = self.scripts.reserve.prepare_invoke();
+        inv.key(self.keys.version(event)).arg(u8::from(force)).arg(ms(self.times.record_retention));
+        for (order, until) in orders {
+            inv.key(self.keys.record(event, order.token)).key(self.keys.account(event, order.account));
+            for &seat in order.seats {
+                inv.key(self.keys.seat(event, seat));
+            }
+            let due_ms = match until {
+                Until::Deadline(ms) => (*ms).max(1),
+                Until::Paid => 0,
+            };
+            inv.arg(order.token.to_string()).arg(order.seats.len()).arg(due_ms);
+        }
         let mut conn = self.conn.clone();
-        self.run(inv.invoke_async(&mut conn)).await
+        let marked: Vec<i64> = self.run(inv.invoke_async(&mut conn)).await?;
+        if marked.len() != orders.len() {
+            return Err(StoreError::Unexpected(format!("reserve_seats: {marked:?} for {} orders", orders.len())));
+        }
+        Ok(marked)
     }
 
     /// After Postgres took an order's seats off it: deletes the order's own markers (never a later sale's) and

@@ -197,8 +197,11 @@ async fn a_batch_waits_for_the_checkouts_announced_before_it_went_and_only_for_t
         tokio::spawn(async move { announced.checkout(new).await })
     };
     // A wait far longer than any checkout, so a batch that waited for nothing shows.
-    let batcher =
-        CheckoutBatcher::start(app.pool.clone(), BatchPolicy { max: 32, in_flight: 1, wait: Duration::from_secs(5) });
+    let batcher = CheckoutBatcher::start(
+        app.pool.clone(),
+        None,
+        BatchPolicy { max: 32, in_flight: 1, wait: Duration::from_secs(5) },
+    );
     let at_most = Duration::from_secs(3);
 
     // Three requests enter the Redis gate together; one is through it. Its batch waits for the other two,
@@ -230,6 +233,7 @@ async fn a_batch_waits_for_the_checkouts_announced_before_it_went_and_only_for_t
     // One announced that never comes holds a batch back only for the wait.
     let batcher = CheckoutBatcher::start(
         app.pool.clone(),
+        None,
         BatchPolicy { max: 32, in_flight: 1, wait: Duration::from_millis(300) },
     );
     let (g, _never) = (batcher.announce(), batcher.announce());
@@ -249,7 +253,8 @@ async fn a_batch_that_fails_whole_is_settled_one_by_one(pool: PgPool) {
     let seats = app.seats_on_sale().await;
     let (w, x, y) = (seats[0], seats[1], seats[2]);
     // One batch at a time, so checkouts queue behind a busy one and go together.
-    let batcher = CheckoutBatcher::start(app.pool.clone(), BatchPolicy { max: 32, in_flight: 1, wait: Duration::ZERO });
+    let batcher =
+        CheckoutBatcher::start(app.pool.clone(), None, BatchPolicy { max: 32, in_flight: 1, wait: Duration::ZERO });
     // Two intruders' checkouts, not yet committed: Postgres sees their seats, the batch's checks cannot.
     let intrude = async |seat: i64| {
         let mut tx = app.pool.begin().await.expect("begin");

@@ -398,3 +398,83 @@ async fn availability_counts_sales_and_reports_a_sell_out(pool: PgPool) {
     assert_eq!((after.body["seats_remaining"].as_u64(), after.body["sold_out"].as_bool()), (Some(0), Some(true)));
     app.assert_invariants().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn concurrent_checkouts_leave_every_seat_marked_sold_until_its_deadline(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    // Twelve fans, one or two seats each, checking out at the same time: they go in batches, and each
+    // batch's seats are marked in one Redis call.
+    let fans: Vec<(String, Vec<i64>)> =
+        (0..12).map(|i| (format!("fan-{i}"), seats[i * 2..i * 2 + 1 + i % 2].to_vec())).collect();
+    let mut tokens = vec![];
+    for (fan, basket) in &fans {
+        let hold = app.hold(fan, basket).await;
+        assert_eq!(hold.status, 201, "{}", hold.body);
+        tokens.push(hold.str("hold_token"));
+    }
+    let version_key = format!("{}seatmap:{{ev{}}}:version", app.prefix, app.event);
+    let before: i64 = redis::AsyncCommands::get(&mut app.redis, &version_key).await.expect("version");
+    let orders = join_all(fans.iter().zip(&tokens).map(|((fan, _), token)| app.checkout(fan, token, token))).await;
+    for ((fan, basket), (token, order)) in fans.iter().zip(tokens.iter().zip(&orders)) {
+        assert_eq!(order.status, 201, "{}", order.body);
+        for &seat in basket {
+            assert_eq!(app.seat_value(seat).await, Some(format!("sold:{token}")), "seat {seat} of {fan}");
+            let key = format!("{}hold:{{ev{}}}:seat:{seat}", app.prefix, app.event);
+            let expires: i64 = redis::cmd("PEXPIRETIME").arg(&key).query_async(&mut app.redis).await.expect("ttl");
+            let due = time::OffsetDateTime::parse(
+                &order.str("payment_due_at"),
+                &time::format_description::well_known::Rfc3339,
+            )
+            .expect("deadline");
+            assert_eq!(expires, (due.unix_timestamp_nanos() / 1_000_000) as i64, "the marker lapses at the deadline");
+        }
+        let record = format!("{}hold:{{ev{}}}:token:{token}", app.prefix, app.event);
+        let exists: bool = redis::AsyncCommands::exists(&mut app.redis, &record).await.expect("EXISTS");
+        assert!(!exists, "the hold's record went with the hold");
+        let account = format!("{}hold:{{ev{}}}:account:{fan}", app.prefix, app.event);
+        let members: Vec<String> = redis::AsyncCommands::zrange(&mut app.redis, &account, 0, -1).await.expect("ZRANGE");
+        assert_eq!(members, vec![format!("{token}:{}", basket.len())], "the account counts the order's seats");
+    }
+    let after: i64 = redis::AsyncCommands::get(&mut app.redis, &version_key).await.expect("version");
+    assert!((before + 1..=before + 12).contains(&after), "the seat map moved once per batch: {before} -> {after}");
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn reserve_seats_refuses_keys_that_do_not_match_its_orders_and_writes_nothing(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[0];
+    let hold = app.hold("fan-a", &[seat]).await;
+    let token = hold.str("hold_token");
+    let key = |rest: &str| format!("{}{{ev{}}}:{rest}", app.prefix, app.event);
+    let (version, record, account, seat_key) =
+        (key("version"), format!("{}hold:{{ev{}}}:token:{token}", app.prefix, app.event), key("account"), key("seat"));
+    let script = redis::Script::new(include_str!("../../../lua/reserve_seats.lua"));
+    let before = app.redis_keys().await;
+    // One order of two seats, given one seat key; then argument lists cut short.
+    let calls: [(Vec<&str>, Vec<String>); 3] = [
+        (
+            vec![&version, &record, &account, &seat_key],
+            vec!["0".into(), "1000".into(), token.clone(), "2".into(), "1".into()],
+        ),
+        (vec![&version, &record, &account, &seat_key], vec!["0".into(), "1000".into(), token.clone(), "1".into()]),
+        (vec![&version], vec!["0".into()]),
+    ];
+    for (keys, args) in calls {
+        let mut inv = script.prepare_invoke();
+        for k in &keys {
+            inv.key(*k);
+        }
+        for a in &args {
+            inv.arg(a);
+        }
+        let reply: redis::RedisResult<Vec<i64>> = inv.invoke_async(&mut app.redis).await;
+        let err = reply.expect_err("refused");
+        assert!(err.to_string().contains("reserve_seats"), "{err}");
+    }
+    assert_eq!(app.redis_keys().await.len(), before.len(), "nothing written");
+    assert_eq!(app.seat_value(seat).await, Some(token), "the hold is untouched");
+    app.stop().await;
+}
