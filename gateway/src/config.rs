@@ -36,22 +36,36 @@ pub struct Config {
     /// Bearer token of the admin API (at least 16 characters).
     #[arg(long, env = "GATEWAY_ADMIN_TOKEN", value_parser = admin_token)]
     pub admin_token: SecretString,
-    /// Booking's address (HTTP/1.1, connections kept alive and reused).
-    #[arg(long, env = "BOOKING_UPSTREAM", default_value = "127.0.0.1:18080")]
-    pub upstream: SocketAddr,
-    /// Booking's Unix socket (`BOOKING_LISTEN_UNIX`), when booking runs on this machine: forwarded requests go
-    /// over it instead of TCP, which costs both sides less CPU per request. `BOOKING_UPSTREAM` still carries
-    /// the availability poll. Empty: TCP.
-    #[arg(long, env = "BOOKING_UPSTREAM_UNIX", value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), std::path::PathBuf::from))]
-    upstream_unix: Option<std::path::PathBuf>,
+    /// Booking's nodes, comma-separated: `host:port` or `unix:/path/to/booking.sock` (a node on this machine,
+    /// at less CPU per request on both sides). Requests are spread round robin over the nodes that answer
+    /// booking's `/readyz`; the availability poll uses the same nodes.
+    #[arg(long, env = "BOOKING_UPSTREAMS", default_value = "127.0.0.1:18080", value_delimiter = ',', num_args = 1.., value_parser = upstream)]
+    pub upstreams: Vec<Upstream>,
     /// Longest wait for booking, in milliseconds: to connect, and for each read or write of a forwarded
-    /// request; past it the client gets 503 `booking_unavailable` (or, mid-answer, a closed connection).
+    /// request; past it the client gets 503 `booking_unavailable` (or, mid-answer, a closed connection). A
+    /// `text/event-stream` answer waits up to `GATEWAY_STREAM_IDLE_SECONDS` between reads instead.
     #[arg(long, env = "GATEWAY_UPSTREAM_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub upstream_timeout_ms: u64,
-    /// Largest request body forwarded to booking, in bytes (read whole before booking is asked); a larger
-    /// one gets 413 `body_too_large` and never reaches booking.
-    #[arg(long, env = "GATEWAY_MAX_BODY_BYTES", default_value_t = 65_536)]
-    pub max_body_bytes: usize,
+    /// Longest silence on a live event stream (a request that accepts `text/event-stream`), in seconds,
+    /// before the gateway gives up on it; booking's heartbeats keep a healthy stream well inside it.
+    #[arg(long, env = "GATEWAY_STREAM_IDLE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_idle_seconds: u64,
+    /// How often each booking node's `/readyz` is asked, in milliseconds. A node that fails once is taken out
+    /// of the rotation; one that answers once is put back.
+    #[arg(long, env = "GATEWAY_HEALTH_CHECK_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..))]
+    pub health_check_ms: u64,
+    /// PEM certificate chain of the public listener: with `GATEWAY_TLS_KEY`, the listener speaks TLS (HTTP/2
+    /// offered by ALPN) instead of plain HTTP.
+    #[arg(long, env = "GATEWAY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of `GATEWAY_TLS_CERT`.
+    #[arg(long, env = "GATEWAY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Largest request body forwarded to booking, in bytes, at most 65,536 (read whole before booking is
+    /// asked, so a body that is cut short or badly framed never reaches it); a larger one gets 413
+    /// `body_too_large`.
+    #[arg(long, env = "GATEWAY_MAX_BODY_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(0..=65_536))]
+    pub max_body_bytes: u64,
     /// Keyring of admission proofs and queue tickets, `kid:secret[,kid:secret...]` (the first signs; booking
     /// verifies admission proofs with the same keys).
     #[arg(long, env = "ADMISSION_KEYS", value_parser = secret)]
@@ -105,9 +119,8 @@ pub struct Config {
     /// Lifetime of a queue ticket, in seconds.
     #[arg(long, env = "GATEWAY_TICKET_TTL_SECONDS", default_value_t = 43_200)]
     pub ticket_ttl_seconds: u64,
-    /// Worker threads of the public listener (more than one share their work). Two forward about 8% more
-    /// requests per second than one on a 2-core box shared with booking and the client (36,935-37,791 against
-    /// 32,207-34,888, `deploy/bench-gateway`, three alternating runs); give more on a machine of its own.
+    /// Worker threads of the public listener (more than one share their work); about one per core the
+    /// gateway may use.
     #[arg(long, env = "GATEWAY_THREADS", default_value_t = 2)]
     pub threads: usize,
     /// Seconds a SIGTERM waits for in-flight requests before the gateway exits (SIGINT exits at once).
@@ -116,11 +129,6 @@ pub struct Config {
 }
 
 impl Config {
-    /// Booking's Unix socket, if one is set (an empty setting is none).
-    pub fn upstream_unix(&self) -> Option<&std::path::Path> {
-        self.upstream_unix.as_deref().filter(|p| !p.as_os_str().is_empty())
-    }
-
     pub fn upstream_timeout(&self) -> Duration {
         Duration::from_millis(self.upstream_timeout_ms)
     }
@@ -177,6 +185,32 @@ pub enum AdminAction {
     Draw { event: i64 },
 }
 
+/// One booking node: where it listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upstream {
+    Tcp(SocketAddr),
+    /// A Unix socket: booking on the same machine.
+    Unix(std::path::PathBuf),
+}
+
+impl std::fmt::Display for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(addr) => write!(f, "{addr}"),
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+fn upstream(raw: &str) -> Result<Upstream, String> {
+    let raw = raw.trim();
+    match raw.strip_prefix("unix:") {
+        Some("") => Err("`unix:` needs a socket path".into()),
+        Some(path) => Ok(Upstream::Unix(path.into())),
+        None => raw.parse().map(Upstream::Tcp).map_err(|_| format!("`{raw}` is neither host:port nor unix:/path")),
+    }
+}
+
 fn secret(raw: &str) -> Result<SecretString, String> {
     Ok(SecretString::from(raw.to_owned()))
 }
@@ -192,20 +226,24 @@ fn admin_token(raw: &str) -> Result<SecretString, String> {
 mod tests {
     use super::*;
 
-    fn serve(upstream_unix: &str) -> Box<Config> {
+    fn serve(upstreams: &str) -> Result<Box<Config>, clap::Error> {
         let key = format!("k1:{}", "ab".repeat(32));
         let args = ["gateway", "serve", "--admin-token", "0123456789abcdef0123", "--admission-keys", &key];
         let args = args.into_iter().chain(["--account-keys", &key, "--redis-url", "redis://127.0.0.1:1/"]);
-        let cli = Cli::try_parse_from(args.chain(["--upstream-unix", upstream_unix])).expect("parses");
-        match cli.command {
-            Command::Serve(config) => config,
+        match Cli::try_parse_from(args.chain(["--upstreams", upstreams]))?.command {
+            Command::Serve(config) => Ok(config),
             other => panic!("not serve: {other:?}"),
         }
     }
 
     #[test]
-    fn an_empty_upstream_socket_means_tcp() {
-        assert_eq!(serve("").upstream_unix(), None);
-        assert_eq!(serve("/run/booking.sock").upstream_unix(), Some(std::path::Path::new("/run/booking.sock")));
+    fn upstreams_are_tcp_addresses_and_unix_sockets() {
+        let config = serve("127.0.0.1:18080, unix:/run/booking.sock").expect("parses");
+        assert_eq!(
+            config.upstreams,
+            [Upstream::Tcp("127.0.0.1:18080".parse().expect("addr")), Upstream::Unix("/run/booking.sock".into())]
+        );
+        assert!(serve("unix:").is_err());
+        assert!(serve("booking:80").is_err(), "names are not resolved: give addresses");
     }
 }

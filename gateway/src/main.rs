@@ -1,28 +1,30 @@
 //! The `gateway` binary: `gateway serve` parses the configuration and runs the pingora server (a plain
-//! `fn main`: pingora owns its runtimes, and `run_forever` inside `#[tokio::main]` panics); `gateway admin`
-//! is the operators' client of the admin listener.
+//! `fn main`: pingora owns its runtimes, and `run_forever` inside `#[tokio::main]` panics): the public
+//! listener (pingora's HTTP proxy, plain or TLS), the health check of booking's nodes, the queue ticker and the
+//! admin listener. `gateway admin` is the operators' client of the admin listener.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use gateway::admin::Admin;
 use gateway::config::{Cli, Command, Config};
-use gateway::forward::Target;
+use gateway::edge::Edge;
+use gateway::edge::queue::{Queue, QueueOptions};
 use gateway::limits::Limits;
-use gateway::proxy::Gateway;
-use gateway::queue::{Queue, QueueOptions};
 use gateway::room::Rooms;
 use gateway::store::LazyStore;
 use gateway::ticker::Ticker;
+use gateway::upstreams::{Timeouts, Upstreams};
 use pingora::server::Server;
 use pingora::server::configuration::ServerConf;
 use pingora::services::background::background_service;
 use secrecy::ExposeSecret;
 use tokens::Keyring;
 
-// glibc's malloc and free took about 13% of the proxy's CPU under load (perf); mimalloc lifted forwarded
-// requests from 38k to 43k per second on the 2-core box.
+// glibc's malloc and free are a large share of a proxy's CPU under load (perf); mimalloc's thread-local
+// free lists cost less.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -34,7 +36,7 @@ fn main() -> anyhow::Result<()> {
 
     match Cli::parse().command {
         Command::Serve(cfg) => serve(*cfg),
-        Command::Admin(args) => gateway::admin_client::run(args),
+        Command::Admin(args) => gateway::admin::client::run(args),
         Command::Openapi => {
             println!("{}", gateway::openapi::document());
             Ok(())
@@ -87,19 +89,34 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let target = match cfg.upstream_unix() {
-        Some(path) => Target::Unix(path.to_owned()),
-        None => Target::Tcp(cfg.upstream),
-    };
-    let upstream = gateway::forward::Upstream::new(target, cfg.upstream_timeout());
-    let gateway = Gateway::new(keyring.clone(), upstream, queue, limits.clone(), cfg.max_body_bytes);
-    let mut proxy = pingora::services::listening::Service::new("gateway".into(), gateway);
-    proxy.add_tcp(&cfg.listen.to_string());
-    server.add_service(proxy);
-    let availability = (cfg.availability_poll_ms > 0).then(|| gateway::ticker::Availability {
-        upstream: cfg.upstream,
+    let timeouts = Timeouts { io: cfg.upstream_timeout(), health_every: Duration::from_millis(cfg.health_check_ms) };
+    let (upstreams, health_check) = Upstreams::new(&cfg.upstreams, timeouts)?;
+    let upstreams = Arc::new(upstreams);
+    let edge = Edge {
         keyring: keyring.clone(),
-        every: std::time::Duration::from_millis(cfg.availability_poll_ms),
+        upstreams: upstreams.clone(),
+        queue,
+        limits: limits.clone(),
+        max_body: cfg.max_body_bytes as usize,
+        stream_idle: Duration::from_secs(cfg.stream_idle_seconds),
+    };
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(&server.configuration, edge, "gateway");
+    match (&cfg.tls_cert, &cfg.tls_key) {
+        (Some(cert), Some(key)) => {
+            let (cert, key) = (path_str(cert)?, path_str(key)?);
+            let mut tls = pingora::listeners::tls::TlsSettings::intermediate(cert, key)
+                .map_err(|e| anyhow::anyhow!("GATEWAY_TLS_CERT / GATEWAY_TLS_KEY: {e}"))?;
+            tls.enable_h2();
+            proxy.add_tls_with_settings(&cfg.listen.to_string(), None, tls);
+        }
+        _ => proxy.add_tcp(&cfg.listen.to_string()),
+    }
+    server.add_service(proxy);
+    server.add_service(health_check);
+    let availability = (cfg.availability_poll_ms > 0).then(|| gateway::ticker::Availability {
+        upstreams: upstreams.clone(),
+        keyring: keyring.clone(),
+        every: Duration::from_millis(cfg.availability_poll_ms),
     });
     let ticker = Ticker {
         rooms: rooms.clone(),
@@ -119,9 +136,14 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         stale_after: cfg.stale_after(),
     };
     server.add_service(background_service("admin listener", admin));
+    let upstreams: Vec<String> = cfg.upstreams.iter().map(ToString::to_string).collect();
     tracing::info!(
-        listen = %cfg.listen, admin = %cfg.admin_listen, upstream = %cfg.upstream, upstream_unix = ?cfg.upstream_unix(),
+        listen = %cfg.listen, tls = cfg.tls_cert.is_some(), admin = %cfg.admin_listen, ?upstreams,
         "gateway listening"
     );
     server.run_forever()
+}
+
+fn path_str(path: &std::path::Path) -> anyhow::Result<&str> {
+    path.to_str().with_context(|| format!("{} is not a UTF-8 path", path.display()))
 }

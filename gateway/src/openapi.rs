@@ -10,7 +10,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::admin::{DrawView, LiveView, RoomView};
-use crate::queue::QueueAnswer;
+use crate::edge::queue::QueueAnswer;
 use crate::room::{QueueState, SettingsPatch};
 
 /// Every error: `{"error": "<stable_code>", "message": "<sentence>", ...details}`.

@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use pingora::connectors::http::Connector;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
@@ -16,6 +17,7 @@ use tokens::{AccountId, AdmissionClaims, Keyring};
 use crate::limits::Limits;
 use crate::room::{History, Live, QueueState, Room, Rooms};
 use crate::store::{LazyStore, QueueStore, Stepped, StoreError};
+use crate::upstreams::Upstreams;
 
 /// The background service.
 pub struct Ticker {
@@ -37,7 +39,7 @@ impl BackgroundService for Ticker {
         let mut last_eviction = Instant::now();
         let mut last_availability = Instant::now();
         // Made here, inside this service's runtime, like the Redis connection.
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok();
+        let connector = pingora::connectors::http::Connector::new(None);
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
@@ -56,11 +58,11 @@ impl BackgroundService for Ticker {
                 }
                 Err(_) => {}
             }
-            if let (Some(availability), Some(http)) = (&self.availability, &http)
+            if let Some(availability) = &self.availability
                 && last_availability.elapsed() >= availability.every
             {
                 last_availability = Instant::now();
-                self.check_sold_out(availability, http).await;
+                self.check_sold_out(availability, &connector).await;
             }
             if last_eviction.elapsed() > Duration::from_secs(10) {
                 self.limits.evict_idle();
@@ -72,7 +74,8 @@ impl BackgroundService for Ticker {
 
 /// Where and how often to ask booking about sell-outs.
 pub struct Availability {
-    pub upstream: std::net::SocketAddr,
+    /// Booking's nodes, as the proxy reaches them.
+    pub upstreams: Arc<Upstreams>,
     /// Signs the gateway's own admission proof for the question.
     pub keyring: Arc<Keyring>,
     pub every: Duration,
@@ -87,7 +90,7 @@ struct BookingAvailability {
 impl Ticker {
     /// Moves open or paused rooms whose event booking reports sold out to `sold_out`, and back to `open` when
     /// seats return. Failures are logged and retried at the next check.
-    async fn check_sold_out(&self, availability: &Availability, http: &reqwest::Client) {
+    async fn check_sold_out(&self, availability: &Availability, connector: &Connector) {
         let (Ok(store), Ok(account)) = (self.store.get(), AccountId::parse("waiting-room")) else { return };
         for event in self.rooms.events() {
             let Some(room) = self.rooms.get(event) else { continue };
@@ -97,21 +100,20 @@ impl Ticker {
             }
             let proof =
                 availability.keyring.sign(&AdmissionClaims::new(account.clone(), event, tokens::unix_now(), 60));
-            let url = format!("http://{}/events/{event}/availability", availability.upstream);
-            let answer = match http.get(url).bearer_auth(proof).send().await {
-                Ok(r) if r.status().is_success() => r.json::<BookingAvailability>().await,
-                Ok(r) => {
-                    tracing::debug!(event, status = %r.status(), "booking's availability refused");
+            let path = format!("/events/{event}/availability");
+            let sold_out = match availability.upstreams.get(connector, &path, &proof).await {
+                Some((200, body)) => match serde_json::from_slice::<BookingAvailability>(&body) {
+                    Ok(answer) => answer.sold_out,
+                    Err(e) => {
+                        tracing::debug!(event, error = %e, "booking's availability unreadable");
+                        continue;
+                    }
+                },
+                Some((status, _)) => {
+                    tracing::debug!(event, status, "booking's availability refused");
                     continue;
                 }
-                Err(e) => Err(e),
-            };
-            let sold_out = match answer {
-                Ok(a) => a.sold_out,
-                Err(e) => {
-                    tracing::debug!(event, error = %e, "booking's availability unreadable");
-                    continue;
-                }
+                None => continue,
             };
             let target = match (sold_out, state) {
                 (true, QueueState::Open | QueueState::Paused) => QueueState::SoldOut,
@@ -147,7 +149,7 @@ impl Ticker {
             return Err(e);
         }
         if store.admit(event, self.max_walk, self.admit_burst).await? == Stepped::Opening {
-            let seed = crate::shuffle::seed_from(rand::random());
+            let seed = crate::room::shuffle::seed_from(rand::random());
             let change = store.set_state(event, QueueState::Open, seed, Some(QueueState::Prequeue)).await?;
             tracing::info!(event, ?change, "pre-queue opening time reached");
         }

@@ -35,8 +35,9 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("probe").local_addr().expect("addr").port()
 }
 
-/// A real upstream: answers every request with 200 and counts them, except booking's availability question
-/// (`GET /events/{id}/availability`, asked by the gateway itself), which it answers from `sold_out`.
+/// A real upstream: answers every request with 200 and counts them, except the gateway's own questions:
+/// booking's availability (`GET /events/{id}/availability`), answered from `sold_out`, and its health check
+/// (`GET /readyz`).
 pub struct Upstream {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
@@ -66,7 +67,10 @@ impl Upstream {
                 let counter = counter.clone();
                 let flag = flag.clone();
                 async move {
-                    let body = if uri.path().ends_with("/availability") {
+                    let body = if uri.path() == "/readyz" {
+                        // The gateway's health check: answered, not counted.
+                        r#"{"status":"ready"}"#.to_owned()
+                    } else if uri.path().ends_with("/availability") {
                         serde_json::json!({ "sold_out": flag.load(Ordering::SeqCst) }).to_string()
                     } else {
                         counter.fetch_add(1, Ordering::SeqCst);
@@ -155,7 +159,7 @@ impl GatewayProcess {
         let admin_port = free_port();
         let mut args: Vec<(String, String)> = [
             ("--listen", format!("127.0.0.1:{port}")),
-            ("--upstream", node.upstream.to_string()),
+            ("--upstreams", node.upstream.to_string()),
             ("--admin-listen", format!("127.0.0.1:{admin_port}")),
             ("--admin-token", ADMIN_TOKEN.to_owned()),
             ("--admission-keys", KEYS.to_owned()),
@@ -433,7 +437,8 @@ async fn serve_wire(
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
-    for answered in 0.. {
+    let mut answered = 0;
+    loop {
         // One request: the head up to the blank line, then Content-Length bytes of body.
         let head_end = loop {
             if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -455,6 +460,13 @@ async fn serve_wire(
         }
         request.body = buf[head_end..head_end + length].to_vec();
         buf.drain(..head_end + length);
+        if request.head.starts_with("GET /readyz ") {
+            // The gateway's health check: answered, and neither recorded nor counted.
+            if socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.is_err() {
+                return;
+            }
+            continue;
+        }
         let method = request.head.split(' ').next().unwrap_or("").to_owned();
         let length = request.body.len();
         seen.lock().expect("requests").push(request);
@@ -462,6 +474,7 @@ async fn serve_wire(
             tokio::time::sleep(Duration::from_secs(60)).await;
             return;
         }
+        answered += 1;
         if mode == WireMode::CutMidBody {
             let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"partial\"").await;
             return;

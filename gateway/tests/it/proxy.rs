@@ -52,7 +52,7 @@ async fn forwarded_requests_go_over_booking_s_unix_socket_when_set() {
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join(format!("booking-{}.sock", prefix().trim_end_matches(':')));
     let upstream = Upstream::start_unix(&path).await;
-    let node = Node::new(upstream.addr, &prefix()).arg("--upstream-unix", path.display());
+    let node = Node::new(upstream.addr, &prefix()).arg("--upstreams", format!("unix:{}", path.display()));
     let gw = GatewayProcess::start(node).await;
     let client = reqwest::Client::new();
     let token = proof(KEYS, 1, unix_now(), 60);
@@ -189,7 +189,10 @@ async fn a_request_is_forwarded_whole_and_its_chunked_answer_streamed_back_over_
         assert_eq!(request.header("connection"), None);
         assert_eq!(request.header("keep-alive"), None);
     }
-    assert!(seen.iter().all(|r| r.connection == 0), "the gateway kept and reused one connection to booking");
+    assert!(
+        seen.iter().all(|r| r.connection == seen[0].connection),
+        "the gateway kept and reused one connection to booking: {seen:?}"
+    );
 }
 
 /// A recording upstream, a gateway in front of it, the gateway's address and a client connection to it, written
@@ -360,58 +363,121 @@ async fn booking_that_stops_answering_is_a_503_after_the_upstream_timeout_and_is
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     let seen = upstream.requests();
     assert_eq!(seen.len(), 2, "a request booking may be working on is not sent again: {seen:?}");
-    assert!(seen.iter().all(|r| r.connection == 0));
+    assert_eq!(seen[0].connection, seen[1].connection, "the second went over the kept connection");
 }
 
+/// Answers stream through as booking writes them, so an answer booking breaks off reaches the client as it
+/// was: its head and the bytes booking sent, then the close, short of the length its head announced, which
+/// every client reads as a failed answer. The request is not sent again.
 #[tokio::test]
-async fn an_answer_booking_breaks_off_before_the_client_got_any_of_it_is_a_503_on_a_connection_that_goes_on() {
+async fn an_answer_booking_breaks_off_reaches_the_client_cut_short_then_the_close() {
     let upstream = WireUpstream::start(WireMode::CutMidBody).await;
     let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
     let addr = gw.base.trim_start_matches("http://").to_owned();
-    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
-    let get = format!("GET /events/1 HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\n\r\n", bearer(1));
     for _ in 0..2 {
-        let bytes = raw_exchange(&mut socket, get.as_bytes(), |a| a.ends_with(b"}")).await;
-        let answers = answers(&bytes);
-        assert_eq!(answers.len(), 1, "{}", String::from_utf8_lossy(&bytes));
-        let (head, body) = &answers[0];
-        assert!(head.starts_with("http/1.1 503 ") && head.contains("\r\nconnection: keep-alive\r\n"), "{head}");
-        assert!(String::from_utf8_lossy(body).contains("booking_unavailable"), "no half answer passed on");
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        let get = format!("GET /events/1 HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\n\r\n", bearer(1));
+        let bytes = raw_exchange(&mut socket, get.as_bytes(), |_| false).await;
+        let text = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
+        assert!(text.starts_with("http/1.1 200 ") && text.contains("\r\ncontent-length: 100\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\n{\"partial\""), "the ten bytes booking sent, then the close: {text}");
     }
     assert_eq!(upstream.requests().len(), 2, "each request reached booking once");
 }
 
+/// A request smuggler's table: requests that RFC 9112 says must be refused, or that a proxy in front may read
+/// otherwise than the gateway. Each is refused with its status, the connection closed, and none reaches booking.
+/// `json` marks the refusals the gateway writes itself (the rest are pingora's bare 400 for a head it cannot
+/// parse).
 #[tokio::test]
-async fn requests_that_are_not_http_or_frame_their_body_two_ways_get_a_json_400_and_never_reach_booking() {
+async fn requests_a_smuggler_sends_are_refused_the_connection_closed_and_none_reaches_booking() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = WireUpstream::start(WireMode::Chunked).await;
     let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
-    let post = |framing: &str| {
-        format!("POST /events/1/holds HTTP/1.1\r\nhost: x\r\nauthorization: {}\r\n{framing}\r\n0\r\n\r\n", bearer(1))
+    let auth = bearer(1);
+    let post = |version: &str, fields: &str, body: &str| {
+        format!("POST /events/1/holds HTTP/{version}\r\nauthorization: {auth}\r\n{fields}\r\n{body}")
     };
-    let requests = [
-        "GET /events/1 HTTP/1.1\r\nhost: x\r\nbad header line\r\n\r\n".to_owned(),
-        format!("GET /events/1 HTTP/1.1\r\n{}\r\n", "x-many: 1\r\n".repeat(101)),
-        // Framings a proxy in front might read otherwise than the gateway: request smuggling starts here.
-        post("content-length: 5\r\ntransfer-encoding: chunked\r\n"),
-        post("transfer-encoding: gzip\r\n"),
-        post("content-length: 5\r\ncontent-length: 6\r\n"),
-        post("content-length: -5\r\n"),
-        post("content-length: 5x\r\n"),
+    let host = "host: x\r\n";
+    let chunked = format!("{host}transfer-encoding: chunked\r\n");
+    let trailers =
+        format!("0\r\n{}\r\n", "x-trailer: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n".repeat(1200));
+    let cases: Vec<(&str, String, u16, bool)> = vec![
+        (
+            "chunked twice",
+            post("1.1", &format!("{host}transfer-encoding: chunked, chunked\r\n"), "0\r\n\r\n"),
+            400,
+            true,
+        ),
+        (
+            "chunked in two fields",
+            post("1.1", &format!("{chunked}transfer-encoding: chunked\r\n"), "0\r\n\r\n"),
+            400,
+            true,
+        ),
+        (
+            "gzip before chunked",
+            post("1.1", &format!("{host}transfer-encoding: gzip, chunked\r\n"), "0\r\n\r\n"),
+            501,
+            true,
+        ),
+        ("gzip alone", post("1.1", &format!("{host}transfer-encoding: gzip\r\n"), "0\r\n\r\n"), 400, false),
+        ("transfer-encoding on HTTP/1.0", post("1.0", &chunked, "0\r\n\r\n"), 400, false),
+        ("no Host", post("1.1", "content-length: 2\r\n", "{}"), 400, true),
+        ("two Hosts", post("1.1", "host: a\r\nhost: b\r\ncontent-length: 2\r\n", "{}"), 400, false),
+        ("length and chunks", post("1.1", &format!("{chunked}content-length: 5\r\n"), "0\r\n\r\n"), 400, true),
+        ("two lengths", post("1.1", &format!("{host}content-length: 2\r\ncontent-length: 3\r\n"), "{}x"), 400, false),
+        ("a length that is not a number", post("1.1", &format!("{host}content-length: 2x\r\n"), "{}"), 400, false),
+        ("a negative length", post("1.1", &format!("{host}content-length: -2\r\n"), "{}"), 400, false),
+        ("obs-fold", post("1.1", &format!("{host}x-folded: a\r\n b\r\ncontent-length: 2\r\n"), "{}"), 400, false),
+        ("space before the colon", post("1.1", &format!("{host}content-length : 2\r\n"), "{}"), 400, false),
+        ("a field line that is not one", post("1.1", &format!("{host}bad field line\r\n"), ""), 400, false),
+        ("a chunk size that is not hex", post("1.1", &chunked, "zz\r\n{}\r\n0\r\n\r\n"), 400, true),
+        ("an empty chunk-size line", post("1.1", &chunked, "\r\n2\r\n{}\r\n0\r\n\r\n"), 400, true),
+        ("64 KiB of trailer fields", post("1.1", &chunked, &format!("2\r\n{{}}\r\n{trailers}")), 400, true),
     ];
-    for request in requests {
+    let mut failures = Vec::new();
+    for (name, request, status, json) in &cases {
         let mut socket = tokio::net::TcpStream::connect(gw.base.trim_start_matches("http://")).await.expect("connect");
         socket.write_all(request.as_bytes()).await.expect("write");
         let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer))
-            .await
-            .expect("the gateway answers and closes")
-            .expect("read");
+        let read = tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer)).await;
         let text = String::from_utf8_lossy(&answer);
-        assert!(text.starts_with("HTTP/1.1 400 "), "{request:?}: {text}");
-        assert!(text.contains(r#""error":"invalid_request""#), "{request:?}: {text}");
+        if read.is_err() {
+            failures.push(format!("{name}: the connection stayed open after {text:?}"));
+        } else if !text.starts_with(&format!("HTTP/1.1 {status} ")) {
+            failures.push(format!("{name}: expected {status}, got {text:?}"));
+        } else if *json && !text.contains(r#""error":""#) {
+            failures.push(format!("{name}: no JSON error body in {text:?}"));
+        }
     }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
     assert!(upstream.requests().is_empty(), "{:?}", upstream.requests());
+}
+
+/// Chunk extensions are read past (pingora's parser takes a bare LF or a control byte inside one) and never
+/// forwarded: booking gets the body whole with its length. Whatever the client sent after a chunked body is
+/// never read as a request: the gateway answers, then closes the connection.
+#[tokio::test]
+async fn chunk_extensions_never_reach_booking_and_nothing_after_a_chunked_body_is_read_as_a_request() {
+    let (upstream, _gw, addr, mut socket) = raw_client().await;
+    let auth = bearer(1);
+    let requests = format!(
+        "POST /events/1/holds HTTP/1.1\r\nhost: {addr}\r\nauthorization: {auth}\r\ntransfer-encoding: chunked\r\n\r\n\
+         3;ext=a\nb\r\n{{\"a\r\n3;x=\x01\r\n\":1\r\n1\r\n}}\r\n0\r\n\r\n\
+         GET /events/1?next HTTP/1.1\r\nhost: {addr}\r\nauthorization: {auth}\r\nconnection: close\r\n\r\n"
+    );
+    let bytes = raw_exchange(&mut socket, requests.as_bytes(), |_| false).await;
+    let answers = answers(&bytes);
+    let statuses: Vec<&str> = answers.iter().map(|(h, _)| &h[9..12]).collect();
+    assert_eq!(statuses, ["200"], "one answer, then the close: {}", String::from_utf8_lossy(&bytes));
+    assert!(answers[0].0.contains("\r\nconnection: close\r\n"), "{}", answers[0].0);
+    assert_eq!(answers[0].1, br#"{"method":"POST","body_bytes":7}"#);
+    let seen = upstream.requests();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].body, br#"{"a":1}"#, "the body whole, no extension in it");
+    assert_eq!(seen[0].header("content-length"), Some("7"));
+    assert_eq!(seen[0].header("transfer-encoding"), None);
 }
 
 /// The answers in `bytes`, read one after another: each one's head (lower-cased) and body, by its framing.
@@ -470,7 +536,6 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection_until_the_cl
         let connection = if i == 3 { "close" } else { "keep-alive" };
         assert!(head.contains(&format!("\r\nconnection: {connection}\r\n")), "answer {i}: {head}");
     }
-    assert!(answers[0].0.contains("\r\ndate: thu, 03 dec 2026 00:00:00 gmt\r\n"), "booking's date is kept");
     assert_eq!(answers[0].1, br#"{"method":"GET","body_bytes":0}"#, "booking's chunked answer, chunked again");
     assert_eq!(answers[1].1, br#"{"status":"ok"}"#);
     assert!(String::from_utf8_lossy(&answers[2].1).contains("account_required"));

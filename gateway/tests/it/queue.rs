@@ -232,7 +232,7 @@ async fn the_pre_queue_draw_is_a_permutation_anyone_can_recompute() {
     assert_eq!(draw.status, 200, "{}", draw.text);
     let seed = draw.body["seed"].as_u64().expect("seed");
     let join_order: Vec<String> = serde_json::from_value(draw.body["join_order"].clone()).expect("join order");
-    let recomputed = gateway::shuffle::draw(join_order.clone(), seed);
+    let recomputed = gateway::room::shuffle::draw(join_order.clone(), seed);
     for (k, fan) in recomputed.iter().enumerate() {
         assert_eq!(places[fan], k as u64 + 1, "{fan}'s place recomputed from seed {seed}");
     }

@@ -75,7 +75,7 @@ fn verify_draw(event: i64, body: &Value) -> anyhow::Result<()> {
     let seed = body["seed"].as_u64().context("draw without a seed")?;
     let join_order: Vec<String> = serde_json::from_value(body["join_order"].clone())?;
     let places: Vec<Option<String>> = serde_json::from_value(body["places"].clone())?;
-    let recomputed = crate::shuffle::draw(join_order, seed);
+    let recomputed = crate::room::shuffle::draw(join_order, seed);
     let matches = recomputed.iter().zip(&places).filter(|(a, b)| b.as_deref() == Some(a.as_str())).count();
     if matches != recomputed.len() || places.len() != recomputed.len() {
         bail!("event {event}: the recorded draw does not recompute ({matches} of {} places match)", recomputed.len());

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokens::{AccountId, AdmissionClaims, Keyring, TicketClaims, TokenError, unix_now};
 
+use super::reply::Reply;
 use crate::room::{self, Freshness, QueueState, Rooms, Standing};
 use crate::store::{Joined, LazyStore, Stepped};
 
@@ -78,65 +78,22 @@ impl QueueAnswer {
     }
 }
 
-/// A 200 answer on its way out: the body and the cookies that go with it.
-struct Answer {
+/// A fan's place on its way out (a 200 reply): the body and the cookies that go with it.
+struct Placed {
     body: QueueAnswer,
     cookies: Vec<String>,
 }
 
-impl From<QueueAnswer> for Answer {
+impl From<QueueAnswer> for Placed {
     fn from(body: QueueAnswer) -> Self {
         Self { body, cookies: Vec::new() }
     }
 }
 
-impl From<Answer> for Reply {
-    fn from(answer: Answer) -> Self {
+impl From<Placed> for Reply {
+    fn from(answer: Placed) -> Self {
         let body = serde_json::to_value(&answer.body).unwrap_or_default();
         answer.cookies.into_iter().fold(Reply::json(200, &body), |reply, c| reply.header("set-cookie", c))
-    }
-}
-
-/// A whole response: status, headers (repeatable, e.g. `set-cookie`), body.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: Vec<(&'static str, String)>,
-    pub body: Bytes,
-}
-
-impl Reply {
-    pub fn json(status: u16, body: &Value) -> Self {
-        Self {
-            status,
-            headers: vec![("content-type", "application/json".into()), ("cache-control", "no-store".into())],
-            body: Bytes::from(body.to_string()),
-        }
-    }
-
-    /// The contract's error body, `{"error", "message"}`.
-    pub fn error(status: u16, code: &str, message: &str) -> Self {
-        Self::error_with(status, code, message, Value::Null)
-    }
-
-    /// An error with extra detail fields (an object; anything else adds nothing).
-    pub fn error_with(status: u16, code: &str, message: &str, details: Value) -> Self {
-        let mut body = json!({ "error": code, "message": message });
-        if let (Some(b), Value::Object(d)) = (body.as_object_mut(), details) {
-            b.extend(d);
-        }
-        Self::json(status, &body)
-    }
-
-    /// 503 with `Retry-After`: the queue's store is not answering.
-    pub fn unavailable() -> Self {
-        Self::error(503, "queue_unavailable", "the waiting room cannot reach its queue; retry shortly")
-            .header("retry-after", "1".into())
-    }
-
-    pub fn header(mut self, name: &'static str, value: String) -> Self {
-        self.headers.push((name, value));
-        self
     }
 }
 
@@ -206,7 +163,7 @@ impl Queue {
         if matches!(joined, Ok(Joined::Opening)) {
             // The pre-queue's opening time has passed and no ticker has opened it yet: open it (the script
             // does nothing if another node just did), then join as a live fan.
-            let seed = crate::shuffle::seed_from(rand::random());
+            let seed = crate::room::shuffle::seed_from(rand::random());
             if store.set_state(event, QueueState::Open, seed, Some(QueueState::Prequeue)).await.is_err() {
                 return Reply::unavailable();
             }
@@ -245,7 +202,7 @@ impl Queue {
         place: u64,
         head: u64,
         fresh: bool,
-    ) -> Result<Answer, Reply> {
+    ) -> Result<Placed, Reply> {
         let room = self.rooms.get(event);
         let now_ms = room.as_ref().map_or(unix_now() * 1000, |r| r.live.now_ms());
         let settings = room.as_ref().map_or(room::Settings::DEFAULT, |r| r.live.settings.clone());
@@ -275,16 +232,16 @@ impl Queue {
     }
 
     /// Hands out a ticket: in the body (for apps) and as the event's queue cookie (for browsers).
-    fn with_ticket(&self, mut answer: Answer, event: i64, ticket: &str) -> Answer {
+    fn with_ticket(&self, mut answer: Placed, event: i64, ticket: &str) -> Placed {
         let ttl = self.options.ticket_ttl_seconds;
         answer.cookies.push(self.cookie(&ticket_cookie(event), ticket, &format!("/queue/{event}"), ttl));
         answer.body.ticket = Some(ticket.to_owned());
         answer
     }
 
-    fn prequeue_body(&self, event: i64, count: u64, opens_at_ms: Option<u64>) -> Answer {
+    fn prequeue_body(&self, event: i64, count: u64, opens_at_ms: Option<u64>) -> Placed {
         let eta = opens_at_ms.map(|at| (at / 1000).saturating_sub(unix_now()));
-        Answer::from(QueueAnswer {
+        Placed::from(QueueAnswer {
             prequeue: true,
             prequeue_size: Some(count),
             opens_at: opens_at_ms.map(|ms| rfc3339(ms / 1000)),
@@ -294,13 +251,13 @@ impl Queue {
         })
     }
 
-    fn waiting(&self, event: i64, settings: &room::Settings, position: u64) -> Answer {
+    fn waiting(&self, event: i64, settings: &room::Settings, position: u64) -> Placed {
         let state = match settings.state {
             QueueState::Open | QueueState::Prequeue => "waiting",
             other => other.as_str(),
         };
         let eta = room::eta_seconds(settings, position);
-        Answer::from(QueueAnswer {
+        Placed::from(QueueAnswer {
             position: Some(position),
             eta_seconds: eta,
             poll_after_ms: room::poll_after_ms(settings, eta, jitter()),
@@ -308,7 +265,7 @@ impl Queue {
         })
     }
 
-    fn admitted(&self, event: i64, account: &AccountId, at_ms: u64, until_ms: u64) -> Answer {
+    fn admitted(&self, event: i64, account: &AccountId, at_ms: u64, until_ms: u64) -> Placed {
         let now = unix_now();
         let exp = until_ms / 1000;
         let claims = AdmissionClaims { iat: at_ms / 1000, exp, ..AdmissionClaims::new(account.clone(), event, now, 0) };
@@ -322,7 +279,7 @@ impl Queue {
             next: Some(format!("/events/{event}/seats")),
             ..QueueAnswer::new(event, "admitted")
         };
-        Answer { body, cookies: vec![cookie] }
+        Placed { body, cookies: vec![cookie] }
     }
 
     fn standing_reply(
@@ -332,7 +289,7 @@ impl Queue {
         room: &room::Room,
         place: u64,
         now_ms: u64,
-    ) -> Result<Answer, Reply> {
+    ) -> Result<Placed, Reply> {
         let standing = match room.history.read() {
             Ok(history) => room::standing(&room.live, &history, place, now_ms),
             Err(_) => return Err(Reply::unavailable()),
@@ -357,16 +314,42 @@ impl Queue {
     /// `GET /queue/{event}/status` with a queue ticket.
     pub async fn status(&self, event: i64, authorization: Option<&str>, cookies: &[&str]) -> Reply {
         let cookie_name = ticket_cookie(event);
-        let Some(token) = bearer(authorization).or_else(|| tokens::cookie(cookies.iter().copied(), &cookie_name))
-        else {
-            return Reply::error(401, "ticket_required", "polling needs the queue ticket that joining gave");
-        };
-        let ticket = match self.admission.verify_ticket(token) {
-            Ok(ticket) => ticket,
-            Err(TokenError::Expired) => {
+        let header = bearer(authorization);
+        let cookie = tokens::cookie(cookies.iter().copied(), &cookie_name);
+        // A browser may carry the platform's account token in `Authorization` and its ticket in the cookie:
+        // whichever candidate is a valid ticket is the one that counts.
+        let mut refused = None;
+        let mut found = None;
+        for token in [header, cookie].into_iter().flatten() {
+            match self.admission.verify_ticket(token) {
+                Ok(ticket) => {
+                    found = Some(ticket);
+                    break;
+                }
+                Err(e) => {
+                    refused.get_or_insert((token, e));
+                }
+            }
+        }
+        let ticket = match (found, refused) {
+            (Some(ticket), _) => ticket,
+            (None, None) => {
+                return Reply::error(401, "ticket_required", "polling needs the queue ticket that joining gave");
+            }
+            (None, Some((token, _))) if self.accounts.verify_account(token, &self.options.account_issuer).is_ok() => {
+                return Reply::error(
+                    401,
+                    "ticket_required",
+                    "that is an account token; polling needs the queue ticket that joining gave (its `ticket` \
+                     field, or the cookie it set)",
+                );
+            }
+            (None, Some((_, TokenError::Expired))) => {
                 return Reply::error(401, "ticket_expired", "the queue ticket has expired; join again");
             }
-            Err(e) => return Reply::error(401, "ticket_invalid", &format!("the queue ticket is not valid: {e}")),
+            (None, Some((_, e))) => {
+                return Reply::error(401, "ticket_invalid", &format!("the queue ticket is not valid: {e}"));
+            }
         };
         if ticket.evt != event {
             return Reply::error(403, "ticket_wrong_event", "the queue ticket is for another event");
@@ -406,7 +389,7 @@ impl Queue {
 fn closed_for_waiting(event: i64, settings: &room::Settings, place: u64, head: u64) -> Option<Reply> {
     let waiting = place == 0 || place > head;
     (waiting && matches!(settings.state, QueueState::Closed | QueueState::SoldOut)).then(|| {
-        Answer::from(QueueAnswer { poll_after_ms: 30_000, ..QueueAnswer::new(event, settings.state.as_str()) }).into()
+        Placed::from(QueueAnswer { poll_after_ms: 30_000, ..QueueAnswer::new(event, settings.state.as_str()) }).into()
     })
 }
 

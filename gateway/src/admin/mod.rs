@@ -4,6 +4,8 @@
 //! `GET /admin/events/{id}` answers from this node's view (so it shows what this node applies), `PUT` writes
 //! Redis, which every node reads within one tick.
 
+pub mod client;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -240,7 +242,7 @@ async fn put_room(
         .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_settings", &e.to_string()))?;
     patch.validate().map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, e.code(), &e.to_string()))?;
     let store = state.store.get().map_err(|_| unavailable())?;
-    let seed = crate::shuffle::seed_from(rand::random());
+    let seed = crate::room::shuffle::seed_from(rand::random());
     let configured = store.configure(event, &patch, seed).await.map_err(|e| {
         tracing::warn!(error = %e, event, "admin change failed");
         unavailable()

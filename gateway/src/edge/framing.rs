@@ -1,0 +1,113 @@
+//! The checks of a request's framing that pingora leaves to the application, made as nginx makes them, before
+//! anything else reads the request: a proxy in front that reads such a request otherwise than the gateway
+//! does is how request smuggling starts.
+//!
+//! Pingora already refuses a `Transfer-Encoding` on HTTP/1.0, a final coding other than `chunked`, and
+//! `Content-Length` values that disagree or are not numbers. It does not refuse `chunked` applied twice, an
+//! unknown coding before `chunked`, a missing or repeated `Host`, nor `Content-Length` beside
+//! `Transfer-Encoding` (it drops the length and reads chunks); this module does.
+
+use http::Version;
+use pingora::http::RequestHeader;
+
+/// Why a request's framing is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// 400: the request is ambiguous or malformed.
+    BadRequest(&'static str),
+    /// 501: a transfer coding the gateway does not implement.
+    UnknownCoding,
+}
+
+/// Checks an HTTP/1 request's head; `raw` is the head as it came (pingora's parse drops a `Content-Length`
+/// that came with `Transfer-Encoding`, so only the raw head still shows it).
+pub fn check(req: &RequestHeader, raw: &[u8]) -> Result<(), Refusal> {
+    let hosts = req.headers.get_all(http::header::HOST).iter().count();
+    if hosts > 1 {
+        return Err(Refusal::BadRequest("the request carries more than one Host"));
+    }
+    if hosts == 0 && req.version == Version::HTTP_11 {
+        return Err(Refusal::BadRequest("an HTTP/1.1 request must carry Host"));
+    }
+    let mut codings = req
+        .headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|c| c.trim_ascii())
+        .peekable();
+    if codings.peek().is_none() {
+        return Ok(());
+    }
+    let codings: Vec<&[u8]> = codings.collect();
+    if codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
+        return Err(if codings.iter().any(|c| c.is_empty()) {
+            Refusal::BadRequest("Transfer-Encoding has an empty coding")
+        } else {
+            Refusal::UnknownCoding
+        });
+    }
+    if codings.len() > 1 {
+        return Err(Refusal::BadRequest("Transfer-Encoding applies chunked more than once"));
+    }
+    let content_length = raw
+        .split(|b| *b == b'\n')
+        .skip(1)
+        .filter_map(|line| line.split(|b| *b == b':').next())
+        .any(|name| name.trim_ascii().eq_ignore_ascii_case(b"content-length"));
+    if content_length {
+        return Err(Refusal::BadRequest("the body is framed by both Content-Length and Transfer-Encoding"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(version: Version, fields: &[(&str, &str)]) -> (RequestHeader, Vec<u8>) {
+        let mut req = RequestHeader::build("POST", b"/events/1/holds", None).expect("head");
+        req.set_version(version);
+        let mut raw = b"POST /events/1/holds HTTP/1.1\r\n".to_vec();
+        for (name, value) in fields {
+            req.append_header(name.to_string(), *value).expect("field");
+            raw.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        }
+        raw.extend_from_slice(b"\r\n");
+        (req, raw)
+    }
+
+    fn checked(version: Version, fields: &[(&str, &str)]) -> Result<(), Refusal> {
+        let (req, raw) = head(version, fields);
+        check(&req, &raw)
+    }
+
+    #[test]
+    fn plain_requests_pass() {
+        assert_eq!(checked(Version::HTTP_11, &[("host", "x")]), Ok(()));
+        assert_eq!(checked(Version::HTTP_11, &[("host", "x"), ("transfer-encoding", "Chunked")]), Ok(()));
+        assert_eq!(checked(Version::HTTP_11, &[("host", "x"), ("content-length", "5")]), Ok(()));
+        assert_eq!(checked(Version::HTTP_10, &[]), Ok(()), "HTTP/1.0 needs no Host");
+    }
+
+    #[test]
+    fn ambiguous_framing_and_hosts_are_refused() {
+        let bad = |fields: &[(&str, &str)]| checked(Version::HTTP_11, fields);
+        assert!(matches!(bad(&[]), Err(Refusal::BadRequest(_))), "no Host");
+        assert!(matches!(bad(&[("host", "a"), ("host", "b")]), Err(Refusal::BadRequest(_))));
+        assert!(matches!(checked(Version::HTTP_10, &[("host", "a"), ("host", "a")]), Err(Refusal::BadRequest(_))));
+        let te = |value| bad(&[("host", "x"), ("transfer-encoding", value)]);
+        assert!(matches!(te("chunked, chunked"), Err(Refusal::BadRequest(_))));
+        assert!(matches!(te("chunked,"), Err(Refusal::BadRequest(_))));
+        assert_eq!(te("gzip, chunked"), Err(Refusal::UnknownCoding));
+        assert!(matches!(
+            bad(&[("host", "x"), ("transfer-encoding", "chunked"), ("transfer-encoding", "chunked")]),
+            Err(Refusal::BadRequest(_))
+        ));
+        // As pingora hands it over: the length dropped from the parsed head, still in the raw one.
+        let (mut req, raw) =
+            head(Version::HTTP_11, &[("host", "x"), ("Content-Length", "5"), ("transfer-encoding", "chunked")]);
+        req.remove_header("content-length");
+        assert!(matches!(check(&req, &raw), Err(Refusal::BadRequest(_))));
+    }
+}

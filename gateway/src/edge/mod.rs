@@ -1,0 +1,385 @@
+//! The public listener: pingora's HTTP proxy with the gateway's `ProxyHttp` phases. `request_filter` answers
+//! what the gateway owns (the waiting room, its page, every refusal) and lets an admitted request through
+//! with its body read whole; `upstream_peer` picks a booking node; `upstream_request_filter` says who the
+//! client is; pingora parses, frames, pools and streams everything else.
+
+pub mod framing;
+pub mod queue;
+pub mod reply;
+pub mod routes;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::ErrorType::{ConnectionClosed, HTTPStatus, ReadError, WriteError};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::lb::Backend;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{Error, ErrorSource};
+use tokens::Keyring;
+
+use self::queue::Queue;
+use self::reply::Reply;
+use self::routes::Route;
+use crate::limits::{Limits, retry_after_seconds};
+use crate::upstreams::Upstreams;
+
+/// The waiting-room page: a static shell (cacheable by a CDN); live numbers come from the status endpoint.
+const PAGE: &str = include_str!("../queue.html");
+/// How long a client's idle connection is kept open between requests, in seconds.
+const KEEPALIVE_SECONDS: u64 = 60;
+/// How long a client may take to send a request's whole body.
+const BODY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The gateway's proxy logic.
+pub struct Edge {
+    pub keyring: Arc<Keyring>,
+    pub upstreams: Arc<Upstreams>,
+    pub queue: Queue,
+    pub limits: Arc<Limits>,
+    /// Largest request body forwarded, in bytes.
+    pub max_body: usize,
+    /// Longest silence between reads of a live event stream.
+    pub stream_idle: Duration,
+}
+
+/// What one request carries from phase to phase.
+#[derive(Default)]
+pub struct Ctx {
+    /// The request goes (or went) to booking: its answer is counted as proxied.
+    proxied: bool,
+    /// The client IP the gateway decided on (trusted proxies considered), for `X-Forwarded-For`.
+    client_ip: Option<IpAddr>,
+    /// The node last tried: a retry after a failed connect goes to another.
+    tried: Option<Backend>,
+    /// A failed connect was already retried once.
+    retried: bool,
+    /// The length of the body read whole (none read: no body).
+    body_len: Option<usize>,
+}
+
+fn header<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
+    req.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn headers<'a>(req: &'a RequestHeader, name: &str) -> Vec<&'a str> {
+    req.headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect()
+}
+
+fn wants_html(req: &RequestHeader) -> bool {
+    header(req, "authorization").is_none() && header(req, "accept").is_some_and(|a| a.contains("text/html"))
+}
+
+/// A request for a live event stream: its answer may stay open for hours.
+fn wants_stream(req: &RequestHeader) -> bool {
+    header(req, "accept").is_some_and(|a| a.contains("text/event-stream"))
+}
+
+fn too_many(wait: Duration) -> Reply {
+    Reply::error(429, "rate_limited", "too many requests; slow down")
+        .header("retry-after", retry_after_seconds(wait).to_string())
+}
+
+fn booking_unavailable() -> Reply {
+    Reply::error(503, "booking_unavailable", "booking is not answering; retry shortly")
+        .header("retry-after", "1".into())
+}
+
+fn invalid(why: &str) -> Reply {
+    Reply::error(400, "invalid_request", why)
+}
+
+impl Edge {
+    fn client_ip(&self, session: &Session) -> IpAddr {
+        let peer = session.client_addr().and_then(|a| a.as_inet()).map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
+        let req = session.req_header();
+        self.limits.client_ip(peer, header(req, "cf-connecting-ip"), &headers(req, "x-forwarded-for"))
+    }
+
+    /// The framing checks pingora leaves to the application (HTTP/1 only: HTTP/2 frames bodies itself).
+    fn framing(session: &Session) -> Option<Reply> {
+        let raw = session.as_downstream().as_http1()?.get_headers_raw_bytes();
+        match framing::check(session.req_header(), &raw) {
+            Ok(()) => None,
+            Err(framing::Refusal::BadRequest(why)) => Some(invalid(why)),
+            Err(framing::Refusal::UnknownCoding) => {
+                Some(Reply::error(501, "unsupported_transfer_coding", "only the chunked transfer coding is supported"))
+            }
+        }
+    }
+
+    /// The waiting room's own endpoints.
+    async fn queue(&self, session: &Session, route: &Route) -> Reply {
+        let req = session.req_header();
+        let method = req.method.as_str();
+        let (event, allowed) = match *route {
+            Route::QueueJoin(e) => (e, "POST"),
+            Route::QueueStatus(e) | Route::QueuePage(e) => (e, "GET"),
+            _ => return Reply::error(404, "not_found", "no such route"),
+        };
+        if method != allowed && !(allowed == "GET" && method == "HEAD") {
+            return Reply::error(405, "method_not_allowed", &format!("use {allowed} here"))
+                .header("allow", allowed.into());
+        }
+        if let Route::QueuePage(_) = route
+            && !header(req, "accept").is_some_and(|a| a.contains("application/json"))
+        {
+            return Reply {
+                status: 200,
+                headers: vec![
+                    ("content-type", "text/html; charset=utf-8".into()),
+                    ("cache-control", "public, max-age=300".into()),
+                ],
+                body: Bytes::from_static(PAGE.as_bytes()),
+            };
+        }
+        if let Err(wait) = self.limits.check_ip(self.client_ip(session)) {
+            crate::metrics::record_rate_limited("ip");
+            return too_many(wait);
+        }
+        let authorization = header(req, "authorization");
+        let cookies = headers(req, "cookie");
+        match route {
+            Route::QueueJoin(_) => self.queue.join(event, authorization, &cookies).await,
+            _ => self.queue.status(event, authorization, &cookies).await,
+        }
+    }
+
+    /// The admission check and per-account limit in front of booking; `None` lets the request through.
+    fn admit(&self, req: &RequestHeader, event: i64) -> Option<Reply> {
+        let cookies = headers(req, "cookie");
+        let claims = match routes::check(&self.keyring, header(req, "authorization"), &cookies, event) {
+            Ok(claims) => claims,
+            Err(refusal) if refusal.status == 401 && wants_html(req) => {
+                // A browser without a valid proof goes to the waiting room, not to an error page.
+                let reply = Reply { status: 302, headers: Vec::new(), body: Bytes::new() };
+                return Some(reply.header("location", format!("/queue/{event}")));
+            }
+            Err(refusal) => return Some(Reply::error(refusal.status, refusal.code, &refusal.message)),
+        };
+        if let Err(wait) = self.limits.check_account(&claims.sub) {
+            crate::metrics::record_rate_limited("account");
+            return Some(too_many(wait));
+        }
+        None
+    }
+
+    /// Reads an admitted request's body whole, into the session's retry buffer, which pingora sends booking
+    /// (and sends again if the first node could not be reached). A body that is too large, badly framed or
+    /// too slow is refused here and never reaches booking.
+    async fn read_body(&self, session: &mut Session) -> Result<Option<usize>, Reply> {
+        if session.is_body_empty() {
+            return Ok(None);
+        }
+        let declared = header(session.req_header(), "content-length").and_then(|v| v.parse::<u64>().ok());
+        let too_large = || Reply::error(413, "body_too_large", "the request body is larger than the gateway forwards");
+        if declared.is_some_and(|n| n > self.max_body as u64) {
+            return Err(too_large());
+        }
+        let expects_continue =
+            header(session.req_header(), "expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+        if expects_continue && session.write_continue_response().await.is_err() {
+            return Err(invalid("the connection failed"));
+        }
+        let chunked = session.req_header().headers.contains_key("transfer-encoding");
+        if chunked {
+            // The chunk parser under pingora (httparse) reads an empty chunk-size line as the last chunk, and
+            // takes a bare LF inside a chunk extension: a proxy in front may end such a body elsewhere. Nothing
+            // after a chunked body is read as another request, so no such difference can smuggle one.
+            session.set_keepalive(None);
+        }
+        session.enable_retry_buffering();
+        let mut read = 0;
+        let whole = tokio::time::timeout(BODY_DEADLINE, async {
+            while let Some(piece) = session.read_request_body().await.map_err(|e| {
+                tracing::debug!(error = %e, "request body refused");
+                invalid("the request body is not validly framed")
+            })? {
+                read += piece.len();
+                if read > self.max_body {
+                    return Err(too_large());
+                }
+            }
+            if chunked && read == 0 {
+                // What an empty chunk-size line also looks like; no booking endpoint takes an empty chunked body.
+                return Err(invalid("a chunked request body must carry data"));
+            }
+            Ok(Some(read))
+        });
+        whole
+            .await
+            .unwrap_or_else(|_| Err(Reply::error(408, "request_timeout", "the request body did not arrive in time")))
+    }
+
+    /// Reads past the body of a request the gateway answers without it, so the connection can carry the next
+    /// request (pingora closes a connection whose request was answered before it was read); a body larger
+    /// than the gateway forwards, or one that does not arrive in time, closes the connection instead.
+    async fn skip_body(&self, session: &mut Session) {
+        if session.is_body_empty() {
+            return;
+        }
+        let declared = header(session.req_header(), "content-length").and_then(|v| v.parse::<u64>().ok());
+        let skipped = match declared {
+            Some(n) if n <= self.max_body as u64 => {
+                matches!(tokio::time::timeout(BODY_DEADLINE, session.drain_request_body()).await, Ok(Ok(())))
+            }
+            _ => false,
+        };
+        if !skipped {
+            session.set_keepalive(None);
+        }
+    }
+
+    /// The answer to a request the gateway answers itself, or `None` for one that goes to booking.
+    async fn answer(&self, session: &mut Session, ctx: &mut Ctx) -> Option<Reply> {
+        if let Some(refusal) = Self::framing(session) {
+            return Some(refusal);
+        }
+        let route = routes::route(session.req_header().uri.path());
+        match route {
+            Route::Health => Some(Reply::json(200, &serde_json::json!({ "status": "ok" }))),
+            Route::Unknown => Some(Reply::error(404, "not_found", "no such route")),
+            Route::BadEventId => Some(Reply::error(400, "invalid_path", "event_id must be a positive integer")),
+            Route::QueuePage(_) | Route::QueueJoin(_) | Route::QueueStatus(_) => {
+                Some(self.queue(session, &route).await)
+            }
+            Route::Event(event) => {
+                if let Some(refusal) = self.admit(session.req_header(), event) {
+                    return Some(refusal);
+                }
+                ctx.proxied = true;
+                ctx.client_ip = Some(self.client_ip(session));
+                match self.read_body(session).await {
+                    Ok(length) => {
+                        ctx.body_len = length;
+                        None
+                    }
+                    Err(refusal) => Some(refusal),
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Edge {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx::default()
+    }
+
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> pingora::Result<()> {
+        // Requests a client sends before reading the answers are answered in order on the same connection.
+        session.set_pipelining_enabled(true);
+        // Pingora keeps an HTTP/1.1 connection open for as long as the client likes; bound the idle time.
+        if session.get_keepalive() == Some(0) {
+            session.set_keepalive(Some(KEEPALIVE_SECONDS));
+        }
+        Ok(())
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
+        let Some(reply) = self.answer(session, ctx).await else { return Ok(false) };
+        if matches!(reply.status, 400 | 408 | 413 | 501) {
+            // The rest of the request was not read, or cannot be trusted: nothing more on this connection.
+            session.set_keepalive(None);
+        } else {
+            self.skip_body(session).await;
+        }
+        reply.write(session).await?;
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<Box<HttpPeer>> {
+        let not = if ctx.retried { ctx.tried.as_ref() } else { None };
+        let Some((backend, mut peer)) = self.upstreams.select(not) else {
+            return Error::e_explain(HTTPStatus(503), "no booking node to try");
+        };
+        if wants_stream(session.req_header()) {
+            peer.options.read_timeout = Some(self.stream_idle);
+        }
+        ctx.tried = Some(backend);
+        Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(&self, _session: &mut Session, peer: &HttpPeer, ctx: &mut Ctx, mut e: Box<Error>) -> Box<Error> {
+        // Nothing reached booking: another node may have it, once.
+        let again = !ctx.retried && self.upstreams.len() > 1;
+        ctx.retried = true;
+        tracing::warn!(peer = %peer, error = %e, retry = again, "could not connect to booking");
+        e.set_retry(again);
+        e
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> pingora::Result<()> {
+        // The gateway answered the client's expectation itself and sends the body at once, whole, with its
+        // length: however the client framed it, booking reads one framing, the simplest.
+        upstream.remove_header("expect");
+        if let Some(length) = ctx.body_len {
+            upstream.remove_header("transfer-encoding");
+            upstream.insert_header("content-length", length.to_string())?;
+        }
+        if let Some(ip) = ctx.client_ip {
+            upstream.insert_header("x-forwarded-for", ip.to_string())?;
+        }
+        if header(session.req_header(), "x-request-id").is_none() {
+            upstream.insert_header("x-request-id", format!("{:032x}", rand::random::<u128>()))?;
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        answer: &mut ResponseHeader,
+        _ctx: &mut Ctx,
+    ) -> pingora::Result<()> {
+        // HTTP/1.0 has no chunks: an answer of unknown length runs until the connection closes.
+        if session.req_header().version == http::Version::HTTP_10 && answer.headers.contains_key("transfer-encoding") {
+            answer.remove_header("transfer-encoding");
+            session.set_keepalive(None);
+        }
+        Ok(())
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, _ctx: &mut Ctx) -> FailToProxy {
+        let reply = match (e.etype(), e.esource()) {
+            (HTTPStatus(503), _) | (_, ErrorSource::Upstream) => booking_unavailable(),
+            (ReadError | WriteError | ConnectionClosed, ErrorSource::Downstream) => {
+                return FailToProxy { error_code: 0, can_reuse_downstream: false };
+            }
+            (_, ErrorSource::Downstream) => invalid("the request is not valid HTTP"),
+            _ => Reply::error(500, "internal", "the gateway failed to answer"),
+        };
+        let status = reply.status;
+        // Once booking's answer has begun, the client's connection cannot carry an error as well.
+        if session.response_written().is_none() {
+            session.set_keepalive(None);
+            if let Err(e) = reply.write(session).await {
+                tracing::debug!(error = %e, "could not tell the client");
+            }
+        }
+        FailToProxy { error_code: status, can_reuse_downstream: false }
+    }
+
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, e: &Error) -> bool {
+        // A client that went away is not the gateway's error; booking unreachable is logged once, above.
+        matches!(e.esource(), ErrorSource::Downstream) || matches!(e.etype(), HTTPStatus(_))
+    }
+
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+        if let Some(status) = session.response_written().map(|r| r.status.as_u16()) {
+            crate::metrics::record_response(ctx.proxied, status);
+        }
+    }
+}
