@@ -49,16 +49,21 @@ pub struct Upstream {
 
 impl Upstream {
     pub async fn start() -> Self {
-        Self::start_with(None).await
+        Self::start_with(None, "127.0.0.1:0".parse().expect("addr")).await
+    }
+
+    /// The same upstream on a given address (one that answered before, started again).
+    pub async fn start_at(addr: SocketAddr) -> Self {
+        Self::start_with(None, addr).await
     }
 
     /// The same upstream, also answering on a Unix socket at `path` (as `booking serve --listen-unix` does);
     /// what arrives there is counted apart, in [`Self::unix_hits`].
     pub async fn start_unix(path: &std::path::Path) -> Self {
-        Self::start_with(Some(path)).await
+        Self::start_with(Some(path), "127.0.0.1:0".parse().expect("addr")).await
     }
 
-    async fn start_with(unix: Option<&std::path::Path>) -> Self {
+    async fn start_with(unix: Option<&std::path::Path>, addr: SocketAddr) -> Self {
         let hits = Arc::new(AtomicUsize::new(0));
         let unix_hits = Arc::new(AtomicUsize::new(0));
         let sold_out = Arc::new(AtomicBool::new(false));
@@ -80,7 +85,7 @@ impl Upstream {
                 }
             }))
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind upstream");
         let addr = listener.local_addr().expect("addr");
         let unix = unix.map(|path| tokio::net::UnixListener::bind(path).expect("bind the upstream's Unix socket"));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

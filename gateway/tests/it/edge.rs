@@ -1,0 +1,290 @@
+//! The edge as pingora runs it: live streams that outlive every timeout, TLS with HTTP/1.1 and HTTP/2,
+//! balancing over booking nodes that fail and come back, and requests that reach booking exactly as the
+//! client wrote them.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, Method, Uri};
+use tokens::unix_now;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::harness::*;
+
+fn bearer(event: i64) -> String {
+    format!("Bearer {}", proof(KEYS, event, unix_now(), 600))
+}
+
+/// An upstream whose every answer (but to the health check) is an event stream: `events` events, one every
+/// `every`, each stamped with the instant it was written.
+async fn stream_upstream(events: usize, every: Duration) -> (SocketAddr, Arc<Mutex<Vec<Instant>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let stamps = sent.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let stamps = stamps.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let readyz = buf.starts_with(b"GET /readyz ");
+                    buf.drain(..end + 4);
+                    if readyz {
+                        let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+                        continue;
+                    }
+                    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-store\r\n\
+                                transfer-encoding: chunked\r\n\r\n";
+                    if socket.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let mut tick = tokio::time::interval(every);
+                    for i in 0..events {
+                        tick.tick().await;
+                        let event = format!("id: {i}\ndata: {i}\n\n");
+                        stamps.lock().expect("stamps").push(Instant::now());
+                        let framed = format!("{:x}\r\n{event}\r\n", event.len());
+                        if socket.write_all(framed.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    let _ = socket.write_all(b"0\r\n\r\n").await;
+                    return;
+                }
+            });
+        }
+    });
+    (addr, sent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_stream_passes_each_event_at_once_and_outlives_every_timeout() {
+    const EVENTS: usize = 150;
+    let (addr, sent) = stream_upstream(EVENTS, Duration::from_millis(100)).await;
+    // Every timeout the gateway has is shorter than the stream: booking's own (per read), and the silence a
+    // stream may keep.
+    let node = Node::new(addr, &prefix()).arg("--upstream-timeout-ms", 1000).arg("--stream-idle-seconds", 2);
+    let gw = GatewayProcess::start(node).await;
+    let started = Instant::now();
+    let mut res = gw
+        .client
+        .get(format!("{}/events/1/seats/stream", gw.base))
+        .header("authorization", bearer(1))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("the stream opens");
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(res.headers().get("content-type").and_then(|v| v.to_str().ok()), Some("text/event-stream"));
+    let (mut pending, mut lags) = (String::new(), Vec::new());
+    while let Some(piece) =
+        tokio::time::timeout(Duration::from_secs(5), res.chunk()).await.expect("no stall").expect("read")
+    {
+        let now = Instant::now();
+        pending.push_str(std::str::from_utf8(&piece).expect("utf-8"));
+        while let Some(end) = pending.find("\n\n") {
+            let event: String = pending.drain(..end + 2).collect();
+            let id: usize = event.lines().find_map(|l| l.strip_prefix("id: ")).expect("id").parse().expect("number");
+            let written = sent.lock().expect("stamps")[id];
+            lags.push(now.duration_since(written));
+        }
+    }
+    assert_eq!(lags.len(), EVENTS, "every event arrived, in one answer");
+    assert!(started.elapsed() >= Duration::from_secs(14), "the stream lasted {:?}", started.elapsed());
+    let worst = lags.iter().max().copied().unwrap_or_default();
+    let late: Vec<_> = lags.iter().enumerate().filter(|(_, l)| **l > Duration::from_millis(50)).collect();
+    assert!(late.is_empty(), "events later than 50 ms (index, lag): {late:?}; worst {worst:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_http_1_1_and_http_2_clients() {
+    let upstream = Upstream::start().await;
+    let dir = std::env::temp_dir().join(format!("gateway-tls-{}", prefix().trim_end_matches(':')));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("a certificate");
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, certified.cert.pem()).expect("write cert");
+    std::fs::write(&key, certified.signing_key.serialize_pem()).expect("write key");
+    let node = Node::new(upstream.addr, &prefix()).arg("--tls-cert", cert.display()).arg("--tls-key", key.display());
+    let gw = GatewayProcess::start(node).await;
+    let port: u16 = gw.base.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let root = reqwest::Certificate::from_pem(certified.cert.pem().as_bytes()).expect("root");
+    let at = SocketAddr::from(([127, 0, 0, 1], port));
+    let client = |h1: bool| {
+        let builder = reqwest::Client::builder().add_root_certificate(root.clone()).resolve("localhost", at);
+        if h1 { builder.http1_only() } else { builder }.build().expect("client")
+    };
+    for (h1, version) in [(true, reqwest::Version::HTTP_11), (false, reqwest::Version::HTTP_2)] {
+        let client = client(h1);
+        let res = client
+            .get(format!("https://localhost:{port}/events/1/seats"))
+            .header("authorization", bearer(1))
+            .send()
+            .await
+            .expect("a TLS request");
+        assert_eq!((res.version(), res.status().as_u16()), (version, 200));
+        assert_eq!(res.text().await.expect("body"), r#"{"upstream":true}"#);
+        let res = client.get(format!("https://localhost:{port}/healthz")).send().await.expect("health");
+        assert_eq!((res.version(), res.status().as_u16()), (version, 200));
+        // Plain HTTP on the TLS port is not served.
+        assert!(gw.client.get(format!("http://127.0.0.1:{port}/healthz")).send().await.is_err());
+    }
+    assert_eq!(upstream.hits(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_balanced_and_a_failed_node_is_out_within_2_s_and_back_within_2_s() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let b_addr = b.addr;
+    let node = Node::new(a.addr, &prefix()).arg("--upstreams", format!("{},{}", a.addr, b.addr));
+    let gw = GatewayProcess::start(node.arg("--health-check-ms", 200)).await;
+    let auth = bearer(1);
+    let headers = [("authorization", auth.as_str())];
+    let ask = || gw.get("/events/1/seats", &headers);
+    for _ in 0..20 {
+        assert_eq!(ask().await.status, 200);
+    }
+    assert!(a.hits() >= 5 && b.hits() >= 5, "round robin: {} and {}", a.hits(), b.hits());
+
+    b.stop().await;
+    let stopped = Instant::now();
+    let mut failed_late = Vec::new();
+    let mut failed_early = 0;
+    while stopped.elapsed() < Duration::from_secs(4) {
+        let reply = ask().await;
+        if reply.status != 200 {
+            if stopped.elapsed() > Duration::from_secs(2) {
+                failed_late.push((stopped.elapsed(), reply.status, reply.text));
+            } else {
+                failed_early += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(failed_late.is_empty(), "requests failed more than 2 s after the node stopped: {failed_late:?}");
+    eprintln!("requests that failed in the first 2 s: {failed_early}");
+
+    let b = Upstream::start_at(b_addr).await;
+    let restarted = Instant::now();
+    while b.hits() == 0 {
+        assert!(restarted.elapsed() < Duration::from_secs(2), "the node was not back within 2 s");
+        assert_eq!(ask().await.status, 200);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    b.stop().await;
+    a.stop().await;
+}
+
+/// What an HTTP server (hyper, under axum) parsed of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Parsed {
+    method: String,
+    target: String,
+    fields: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+}
+
+/// Fields that belong to one connection or one framing, and those the gateway adds: not part of the
+/// comparison (the body is compared whole instead).
+const NOT_COMPARED: [&str; 7] =
+    ["connection", "keep-alive", "content-length", "transfer-encoding", "x-forwarded-for", "x-request-id", "te"];
+
+/// An upstream that records what hyper parses of each request (the health check aside) and answers 200.
+async fn recorder() -> (SocketAddr, Arc<Mutex<Vec<Parsed>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let app = axum::Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+        let record = record.clone();
+        async move {
+            if uri.path() != "/readyz" {
+                let mut fields: Vec<(String, Vec<u8>)> = headers
+                    .iter()
+                    .filter(|(n, _)| !NOT_COMPARED.contains(&n.as_str()))
+                    .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                    .collect();
+                // Field order between different names is not meaning; the order of one name's values is.
+                fields.sort_by(|x, y| x.0.cmp(&y.0));
+                let target = uri.path_and_query().map_or_else(|| uri.to_string(), ToString::to_string);
+                record.lock().expect("record").push(Parsed {
+                    method: method.to_string(),
+                    target,
+                    fields,
+                    body: body.to_vec(),
+                });
+            }
+            "ok"
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, seen)
+}
+
+async fn send_raw(addr: &str, request: &[u8]) -> Vec<u8> {
+    let mut socket = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    socket.write_all(request).await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed")
+        .expect("read");
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn booking_gets_exactly_what_hyper_parses_from_the_client_s_bytes() {
+    let (addr, seen) = recorder().await;
+    let gw = GatewayProcess::start(Node::new(addr, &prefix())).await;
+    let gateway = gw.base.trim_start_matches("http://").to_owned();
+    let auth = bearer(1);
+    let corpus: Vec<String> = vec![
+        format!(
+            "GET /events/1/seats?section=A&x=%2F HTTP/1.1\r\nHost: onsale.example\r\nAuthorization: {auth}\r\nAccept: application/json\r\nX-Dup: one\r\nUser-Agent: t\r\nx-dup: two\r\nConnection: close\r\n\r\n"
+        ),
+        format!(
+            "POST /events/1/holds HTTP/1.1\r\nhost: onsale.example\r\nauthorization: {auth}\r\ncontent-type: application/json\r\nidempotency-key: k-1\r\ncontent-length: 19\r\nconnection: close\r\n\r\n{{\"seat_ids\":[1, 2]}}"
+        ),
+        format!(
+            "POST /events/1/orders HTTP/1.1\r\nhost: onsale.example\r\nauthorization: {auth}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n4\r\n{{\"ho\r\n10\r\nld_token\":\"abc\"}}\r\n0\r\n\r\n"
+        ),
+        format!(
+            "DELETE /events/1/holds/a%20b HTTP/1.1\r\nhost: onsale.example\r\nauthorization: {auth}\r\nx-spaced:   a  b\t\r\nconnection: close\r\n\r\n"
+        ),
+        format!(
+            "PUT /events/1/x HTTP/1.1\r\nhost: onsale.example\r\nauthorization: {auth}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        ),
+        format!("GET /events/1 HTTP/1.0\r\nhost: onsale.example\r\nauthorization: {auth}\r\n\r\n"),
+        format!(
+            "OPTIONS /events/1/holds HTTP/1.1\r\nhost: onsale.example\r\nauthorization: {auth}\r\norigin: https://fans.example\r\nconnection: close\r\n\r\n"
+        ),
+    ];
+    let mut differences = Vec::new();
+    for request in &corpus {
+        let direct = send_raw(&addr.to_string(), request.as_bytes()).await;
+        let proxied = send_raw(&gateway, request.as_bytes()).await;
+        let ok = |answer: &[u8]| answer.get(9..12) == Some(&b"200"[..]);
+        assert!(ok(&direct) && ok(&proxied), "{request:?}: {}", String::from_utf8_lossy(&proxied));
+        let mut records = seen.lock().expect("record").split_off(0);
+        assert_eq!(records.len(), 2, "{request:?}: {records:?}");
+        let through = records.pop().expect("through the gateway");
+        let straight = records.pop().expect("straight");
+        if through != straight {
+            differences.push(format!("{request:?}\n  straight: {straight:?}\n  through:  {through:?}"));
+        }
+    }
+    assert!(differences.is_empty(), "\n{}", differences.join("\n"));
+}
