@@ -58,7 +58,8 @@ impl Limits {
         (self.per_account.len(), self.per_ip.len())
     }
 
-    fn is_trusted(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` is a trusted proxy, whose forwarding headers are believed.
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted.iter().any(|net| net.contains(&ip))
     }
 

@@ -19,9 +19,6 @@ use pingora::upstreams::peer::{HttpPeer, Peer};
 
 use crate::config::Upstream;
 
-/// How long booking's pooled connections may sit idle: inside booking's own idle limit, so the gateway drops
-/// a connection before booking closes it under a request.
-const IDLE: Duration = Duration::from_secs(20);
 /// How long one health check may take (connect, then the answer).
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -62,8 +59,10 @@ fn peer(upstream: &Upstream, timeouts: Timeouts) -> anyhow::Result<HttpPeer> {
     let options = &mut peer.options;
     options.connection_timeout = Some(timeouts.io);
     options.read_timeout = Some(timeouts.io);
-    options.write_timeout = Some(timeouts.io);
-    options.idle_timeout = Some(IDLE);
+    // No write timeout: a request (at most the body cap, 64 KiB) fits in the socket's buffer whether or not
+    // booking reads it, and a booking that does not answer meets the read timeout. A timer per write would
+    // cost every request a little. No idle limit on pooled connections either: pingora's pool watches each
+    // idle connection and drops it as soon as booking closes it, and a limit would add a timer per request.
     Ok(peer)
 }
 

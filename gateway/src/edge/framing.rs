@@ -19,9 +19,10 @@ pub enum Refusal {
     UnknownCoding,
 }
 
-/// Checks an HTTP/1 request's head; `raw` is the head as it came (pingora's parse drops a `Content-Length`
-/// that came with `Transfer-Encoding`, so only the raw head still shows it).
-pub fn check(req: &RequestHeader, raw: &[u8]) -> Result<(), Refusal> {
+/// Checks an HTTP/1 request's head; `raw` gives the head as it came (pingora's parse drops a `Content-Length`
+/// that came with `Transfer-Encoding`, so only the raw head still shows it), asked for only when the request
+/// has a `Transfer-Encoding`.
+pub fn check<R: AsRef<[u8]>>(req: &RequestHeader, raw: impl FnOnce() -> R) -> Result<(), Refusal> {
     let hosts = req.headers.get_all(http::header::HOST).iter().count();
     if hosts > 1 {
         return Err(Refusal::BadRequest("the request carries more than one Host"));
@@ -50,7 +51,9 @@ pub fn check(req: &RequestHeader, raw: &[u8]) -> Result<(), Refusal> {
     if codings.len() > 1 {
         return Err(Refusal::BadRequest("Transfer-Encoding applies chunked more than once"));
     }
+    let raw = raw();
     let content_length = raw
+        .as_ref()
         .split(|b| *b == b'\n')
         .skip(1)
         .filter_map(|line| line.split(|b| *b == b':').next())
@@ -79,7 +82,7 @@ mod tests {
 
     fn checked(version: Version, fields: &[(&str, &str)]) -> Result<(), Refusal> {
         let (req, raw) = head(version, fields);
-        check(&req, &raw)
+        check(&req, || raw)
     }
 
     #[test]
@@ -108,6 +111,6 @@ mod tests {
         let (mut req, raw) =
             head(Version::HTTP_11, &[("host", "x"), ("Content-Length", "5"), ("transfer-encoding", "chunked")]);
         req.remove_header("content-length");
-        assert!(matches!(check(&req, &raw), Err(Refusal::BadRequest(_))));
+        assert!(matches!(check(&req, || raw), Err(Refusal::BadRequest(_))));
     }
 }

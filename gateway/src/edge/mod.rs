@@ -79,6 +79,22 @@ fn wants_stream(req: &RequestHeader) -> bool {
     header(req, "accept").is_some_and(|a| a.contains("text/event-stream"))
 }
 
+const X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
+const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
+/// A new request id: 32 hex digits of a fast thread-local random number (unique enough to find a request in
+/// logs; not a secret).
+fn request_id() -> http::HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut n: u128 = rand::random();
+    let mut out = [0u8; 32];
+    for digit in out.iter_mut().rev() {
+        *digit = HEX[(n & 0xf) as usize];
+        n >>= 4;
+    }
+    http::HeaderValue::from_bytes(&out).unwrap_or(http::HeaderValue::from_static("0"))
+}
+
 fn too_many(wait: Duration) -> Reply {
     Reply::error(429, "rate_limited", "too many requests; slow down")
         .header("retry-after", retry_after_seconds(wait).to_string())
@@ -96,14 +112,17 @@ fn invalid(why: &str) -> Reply {
 impl Edge {
     fn client_ip(&self, session: &Session) -> IpAddr {
         let peer = session.client_addr().and_then(|a| a.as_inet()).map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
+        if !self.limits.is_trusted(peer) {
+            return peer;
+        }
         let req = session.req_header();
         self.limits.client_ip(peer, header(req, "cf-connecting-ip"), &headers(req, "x-forwarded-for"))
     }
 
     /// The framing checks pingora leaves to the application (HTTP/1 only: HTTP/2 frames bodies itself).
     fn framing(session: &Session) -> Option<Reply> {
-        let raw = session.as_downstream().as_http1()?.get_headers_raw_bytes();
-        match framing::check(session.req_header(), &raw) {
+        let h1 = session.as_downstream().as_http1()?;
+        match framing::check(session.req_header(), || h1.get_headers_raw_bytes()) {
             Ok(()) => None,
             Err(framing::Refusal::BadRequest(why)) => Some(invalid(why)),
             Err(framing::Refusal::UnknownCoding) => {
@@ -151,8 +170,8 @@ impl Edge {
 
     /// The admission check and per-account limit in front of booking; `None` lets the request through.
     fn admit(&self, req: &RequestHeader, event: i64) -> Option<Reply> {
-        let cookies = headers(req, "cookie");
-        let claims = match routes::check(&self.keyring, header(req, "authorization"), &cookies, event) {
+        let cookies = req.headers.get_all(http::header::COOKIE).iter().filter_map(|v| v.to_str().ok());
+        let claims = match routes::check(&self.keyring, header(req, "authorization"), cookies, event) {
             Ok(claims) => claims,
             Err(refusal) if refusal.status == 401 && wants_html(req) => {
                 // A browser without a valid proof goes to the waiting room, not to an error page.
@@ -322,18 +341,19 @@ impl ProxyHttp for Edge {
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> pingora::Result<()> {
-        // The gateway answered the client's expectation itself and sends the body at once, whole, with its
-        // length: however the client framed it, booking reads one framing, the simplest.
-        upstream.remove_header("expect");
+        use http::header::{CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING};
         if let Some(length) = ctx.body_len {
-            upstream.remove_header("transfer-encoding");
-            upstream.insert_header("content-length", length.to_string())?;
+            // The gateway answered the client's expectation itself and sends the body at once, whole, with its
+            // length: however the client framed it, booking reads one framing, the simplest.
+            upstream.remove_header(&EXPECT);
+            upstream.remove_header(&TRANSFER_ENCODING);
+            upstream.insert_header(CONTENT_LENGTH, length)?;
         }
         if let Some(ip) = ctx.client_ip {
-            upstream.insert_header("x-forwarded-for", ip.to_string())?;
+            upstream.insert_header(X_FORWARDED_FOR, ip.to_string())?;
         }
-        if header(session.req_header(), "x-request-id").is_none() {
-            upstream.insert_header("x-request-id", format!("{:032x}", rand::random::<u128>()))?;
+        if !session.req_header().headers.contains_key(&X_REQUEST_ID) {
+            upstream.insert_header(X_REQUEST_ID, request_id())?;
         }
         Ok(())
     }

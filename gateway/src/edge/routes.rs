@@ -72,14 +72,14 @@ impl Refusal {
 
 /// Checks the admission proof (from `Authorization: Bearer` or the `wr_admission` cookie) for `event`, and
 /// returns its claims (the admitted account is `sub`).
-pub fn check(
+pub fn check<'a>(
     keyring: &Keyring,
-    authorization: Option<&str>,
-    cookies: &[&str],
+    authorization: Option<&'a str>,
+    cookies: impl IntoIterator<Item = &'a str>,
     event: i64,
 ) -> Result<Arc<AdmissionClaims>, Refusal> {
     let refused = |r: AdmissionRefusal| Refusal::new(r.status(), r.code(), r.to_string());
-    let claims = keyring.check_admission(authorization, cookies.iter().copied()).map_err(refused)?;
+    let claims = keyring.check_admission(authorization, cookies).map_err(refused)?;
     claims.account_for(event).map_err(refused)?;
     Ok(claims)
 }
@@ -118,11 +118,11 @@ mod tests {
         let ring = Keyring::parse(KEYS).expect("keys");
         let token = proof(&ring, 7);
         let header = format!("Bearer {token}");
-        assert!(check(&ring, Some(&header), &[], 7).is_ok());
+        assert!(check(&ring, Some(&header), [], 7).is_ok());
         let cookie = format!("theme=dark; {ADMISSION_COOKIE}={token}");
-        assert!(check(&ring, None, &[&cookie], 7).is_ok());
-        assert_eq!(check(&ring, None, &[], 7).map_err(|r| r.code), Err("admission_required"));
-        assert_eq!(check(&ring, Some(&header), &[], 8).map_err(|r| r.status), Err(403));
-        assert_eq!(check(&ring, Some("Bearer nope"), &[], 7).map_err(|r| r.code), Err("admission_invalid"));
+        assert!(check(&ring, None, [cookie.as_str()], 7).is_ok());
+        assert_eq!(check(&ring, None, [], 7).map_err(|r| r.code), Err("admission_required"));
+        assert_eq!(check(&ring, Some(&header), [], 8).map_err(|r| r.status), Err(403));
+        assert_eq!(check(&ring, Some("Bearer nope"), [], 7).map_err(|r| r.code), Err("admission_invalid"));
     }
 }
