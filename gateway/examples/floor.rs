@@ -5,7 +5,9 @@
 //!     cargo run --release -p gateway --example floor -- 127.0.0.1:18010 127.0.0.1:18080
 //!     curl http://127.0.0.1:18010/healthz
 //!
-//! The upstream may also be `unix:/path/to/booking.sock`.
+//! The upstream may also be `unix:/path/to/booking.sock`. With `--timeouts`, it keeps the two timeouts the
+//! gateway's contract needs and nothing else of the gateway: a client's idle connection closes after 60 s,
+//! and each read of booking's answer waits at most 10 s (each costs a timer per request).
 
 use async_trait::async_trait;
 use pingora::proxy::{ProxyHttp, Session};
@@ -17,7 +19,11 @@ use pingora::upstreams::peer::HttpPeer;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Forwards everything to one prepared peer.
-struct Floor(HttpPeer);
+struct Floor {
+    peer: HttpPeer,
+    /// The client's idle limit between requests, in seconds.
+    keepalive: Option<u64>,
+}
 
 #[async_trait]
 impl ProxyHttp for Floor {
@@ -25,24 +31,36 @@ impl ProxyHttp for Floor {
 
     fn new_ctx(&self) {}
 
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut ()) -> pingora::Result<()> {
+        if self.keepalive.is_some() && session.get_keepalive() == Some(0) {
+            session.set_keepalive(self.keepalive);
+        }
+        Ok(())
+    }
+
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> pingora::Result<Box<HttpPeer>> {
-        Ok(Box::new(self.0.clone()))
+        Ok(Box::new(self.peer.clone()))
     }
 }
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        anyhow::bail!("usage: floor LISTEN_ADDR UPSTREAM (host:port or unix:/path)");
+        anyhow::bail!("usage: floor LISTEN_ADDR UPSTREAM (host:port or unix:/path) [--timeouts]");
     };
-    let peer = match upstream.strip_prefix("unix:") {
+    let timeouts = args.next().as_deref() == Some("--timeouts");
+    let mut peer = match upstream.strip_prefix("unix:") {
         Some(path) => HttpPeer::new_uds(path, false, String::new()).map_err(|e| anyhow::anyhow!("{e}"))?,
         None => HttpPeer::new(upstream.parse::<std::net::SocketAddr>()?, false, String::new()),
     };
+    if timeouts {
+        peer.options.read_timeout = Some(std::time::Duration::from_secs(10));
+    }
+    let floor = Floor { peer, keepalive: timeouts.then_some(60) };
     let conf = ServerConf { threads: 2, work_stealing: true, grace_period_seconds: Some(0), ..ServerConf::default() };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, Floor(peer));
+    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, floor);
     proxy.add_tcp(&listen);
     server.add_service(proxy);
     server.run_forever()

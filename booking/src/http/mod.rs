@@ -284,8 +284,17 @@ pub fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
 async fn track(req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_default();
     let method = req.method().as_str().to_owned();
+    // The gateway gives every request it forwards an id (or passes on the client's): the one to look for in
+    // both services' logs.
+    let request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let start = Instant::now();
     let res = next.run(req).await;
+    let request_id = request_id.as_deref().unwrap_or("-");
+    if res.status().is_server_error() {
+        tracing::warn!(request_id, %method, %route, status = res.status().as_u16(), "answered with a server error");
+    } else {
+        tracing::debug!(request_id, %method, %route, status = res.status().as_u16(), "answered");
+    }
     let status = res.status().as_u16().to_string();
     metrics::counter!("booking_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
         .increment(1);

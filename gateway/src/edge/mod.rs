@@ -270,10 +270,10 @@ impl Edge {
                 if let Some(refusal) = self.admit(session.req_header(), event) {
                     return Some(refusal);
                 }
-                ctx.proxied = true;
                 ctx.client_ip = Some(self.client_ip(session));
                 match self.read_body(session).await {
                     Ok(length) => {
+                        ctx.proxied = true;
                         ctx.body_len = length;
                         None
                     }

@@ -163,8 +163,9 @@ async fn a_request_is_forwarded_whole_and_its_chunked_answer_streamed_back_over_
             .header("authorization", bearer(1))
             .header("content-type", "application/json")
             .header("idempotency-key", format!("key-{round}"))
-            .header("connection", "keep-alive")
+            .header("connection", "keep-alive, x-hop")
             .header("keep-alive", "timeout=5")
+            .header("x-hop", "for the gateway only")
             .body(body.clone())
             .send()
             .await
@@ -185,9 +186,14 @@ async fn a_request_is_forwarded_whole_and_its_chunked_answer_streamed_back_over_
         assert_eq!(request.header("idempotency-key"), Some(format!("key-{round}").as_str()));
         assert_eq!(request.header("content-type"), Some("application/json"));
         assert!(request.header("authorization").is_some_and(|a| a.starts_with("Bearer ")));
-        // Hop-by-hop headers are the client's connection's, not booking's.
+        // Hop-by-hop headers are the client's connection's, not booking's, and so are those `Connection` names.
         assert_eq!(request.header("connection"), None);
         assert_eq!(request.header("keep-alive"), None);
+        assert_eq!(request.header("x-hop"), None);
+        // Who the client is, as the gateway decided (no trusted proxy here: the TCP peer), and an id to trace by.
+        assert_eq!(request.header("x-forwarded-for"), Some("127.0.0.1"));
+        let id = request.header("x-request-id").unwrap_or_default();
+        assert!(id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()), "{id:?}");
     }
     assert!(
         seen.iter().all(|r| r.connection == seen[0].connection),
