@@ -402,6 +402,29 @@ async fn bad_tokens_and_tickets_get_clear_refusals() {
     upstream.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_counts_the_ticket_cookie_beside_an_account_token_and_names_an_account_token_alone() {
+    let upstream = Upstream::start().await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let event = 112;
+    gw.configure(event, json!({"state": "paused"})).await;
+    gw.wait_for_room(event).await;
+    let ticket = gw.join(event, "fan-1").await.ticket();
+    // A browser of the platform: its login's account token in `Authorization`, the queue's ticket in a cookie.
+    let account = format!("Bearer {}", account_token("fan-1"));
+    let cookie = format!("theme=dark; wr_queue_{event}={ticket}");
+    let path = format!("/queue/{event}/status");
+    let both = gw.get(&path, &[("authorization", &account), ("cookie", &cookie)]).await;
+    assert_eq!((both.status, both.body["state"].as_str()), (200, Some("paused")), "{}", both.text);
+    let alone = gw.get(&path, &[("authorization", &account)]).await;
+    assert_eq!((alone.status, alone.code()), (401, "ticket_required"), "{}", alone.text);
+    assert!(alone.body["message"].as_str().is_some_and(|m| m.contains("account token")), "{}", alone.text);
+    let garbage = gw.get(&path, &[("authorization", "Bearer not-a-token"), ("cookie", &cookie)]).await;
+    assert_eq!(garbage.status, 200, "a valid ticket in the cookie still counts: {}", garbage.text);
+    assert_eq!(upstream.hits(), 0);
+    upstream.stop().await;
+}
+
 /// A Redis server of the test's own, so it can be killed.
 struct OwnRedis {
     child: std::process::Child,
