@@ -39,7 +39,7 @@ impl BackgroundService for Ticker {
         let mut last_eviction = Instant::now();
         let mut last_availability = Instant::now();
         // Made here, inside this service's runtime, like the Redis connection.
-        let connector = pingora::connectors::http::Connector::new(None);
+        let connector = Connector::new(None);
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
