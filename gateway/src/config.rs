@@ -41,9 +41,9 @@ pub struct Config {
     /// booking's `/readyz`; the availability poll uses the same nodes.
     #[arg(long, env = "BOOKING_UPSTREAMS", default_value = "127.0.0.1:18080", value_delimiter = ',', num_args = 1.., value_parser = upstream)]
     pub upstreams: Vec<Upstream>,
-    /// Longest wait for booking, in milliseconds: to connect, and for each read or write of a forwarded
-    /// request; past it the client gets 503 `booking_unavailable` (or, mid-answer, a closed connection). A
-    /// `text/event-stream` answer waits up to `GATEWAY_STREAM_IDLE_SECONDS` between reads instead.
+    /// Longest wait for booking, in milliseconds: to connect, and for each read of its answer; past it the
+    /// client gets 503 `booking_unavailable` (or, mid-answer, a closed connection). A request that accepts
+    /// `text/event-stream` waits up to `GATEWAY_STREAM_IDLE_SECONDS` between reads instead.
     #[arg(long, env = "GATEWAY_UPSTREAM_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub upstream_timeout_ms: u64,
     /// Longest silence on a live event stream (a request that accepts `text/event-stream`), in seconds,
