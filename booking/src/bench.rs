@@ -36,8 +36,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 8)]
     pub seconds: u64,
     /// Concurrent connections of wrk and redis-benchmark. Enough for booking's group commit to fill its
-    /// batches: with 32 the CPU stayed about a quarter idle while each checkout waited in turn for Redis, its
-    /// batch and the commit's fsync (2026-12-04), so the figure measured latency rather than capacity.
+    /// batches: with fewer, the CPU stays partly idle while each checkout waits in turn for Redis, its batch and
+    /// the commit's fsync, so the figure measures latency rather than capacity.
     #[arg(long, default_value_t = 128)]
     pub connections: u32,
     /// pgbench runs with each of these client counts, comma-separated; checkouts are held against the best of
@@ -59,9 +59,8 @@ pub struct BenchArgs {
     /// over 8 s).
     #[arg(long, default_value_t = 100_000)]
     pub checkout_holds: usize,
-    /// Rounds of checkouts and pgbench, run in turn; each figure is the median round. One slow spell of the
-    /// shared machine moved a single run's ratio by a quarter (pgbench -c32 at 10,599 and 19,220 a second in
-    /// two runs ten minutes apart, 2026-12-04).
+    /// Rounds of checkouts and pgbench, run in turn; each figure is the median round: one slow spell of a
+    /// shared machine can move a single run's ratio by a quarter.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=20))]
     pub rounds: u16,
 }

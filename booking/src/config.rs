@@ -216,8 +216,8 @@ pub struct ServeConfig {
     /// Checkouts written together in one statement and one commit at most (group commit); 1 writes each
     /// checkout on its own. Batches form only from checkouts that arrive while earlier batches run. At most 64:
     /// a checkout settled the slow way in a batch uses a subtransaction, and Postgres keeps 64 per backend
-    /// cached. 64 rather than 32 since 2026-12-04: under `booking bench`'s 128 connections, checkouts ran 4-43%
-    /// faster (five alternating pairs) and Postgres spent 95-112 µs on each instead of 133-173.
+    /// cached. 64 rather than 32: under many concurrent checkouts, larger batches cost Postgres less per
+    /// checkout.
     #[arg(long, env = "CHECKOUT_BATCH_MAX", default_value_t = 64)]
     pub checkout_batch_max: usize,
     /// Checkout batches running at once (each holds one Postgres connection; at most DATABASE_POOL_SIZE).

@@ -8,9 +8,8 @@ use secrecy::ExposeSecret;
 use sqlx::PgPool;
 use tokens::{AccountClaims, AccountId, AdmissionClaims, Keyring, unix_now};
 
-// glibc's malloc and free took about 15% of booking's samples during the bench's checkouts (perf). With
-// mimalloc, booking spent 28-31 µs of CPU per hold against 31-41 µs (`booking bench`, three alternating runs
-// each, 2026-12-03); per checkout no difference showed (103-111 against 103-114 µs). The gateway uses it too.
+// glibc's malloc and free are a large share of booking's CPU under load (perf); mimalloc's thread-local free
+// lists make a hold cheaper. The gateway uses it too.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -33,9 +33,8 @@ pub struct HoldToken(pub Uuid);
 impl HoldToken {
     /// A fresh token: a version 7 UUID, the millisecond it was made followed by 74 random bits (no counter, so
     /// a token tells nothing of the next one). Time-ordered, so the orders' unique index on hold tokens takes
-    /// its entries at its right edge instead of at random pages: random keys cost a checkout a full-page image
-    /// in the WAL ever more often as the index grew (0.01 per checkout, then 0.06, then 0.10 over three bench
-    /// rounds of 100,000 holds, 2026-12-04).
+    /// its entries at its right edge instead of at random pages: with random keys, ever more checkouts write a
+    /// full-page image to the WAL as the index grows.
     pub fn generate() -> Self {
         Self(Uuid::new_v7(uuid::Timestamp::now(uuid::NoContext)))
     }

@@ -71,8 +71,8 @@ struct Background {
 }
 
 /// Everything a handler needs, behind one `Arc`: axum clones the state for every extractor and middleware of
-/// every request, and a clone of the fields themselves (connection handles, key prefixes, URLs) allocated and
-/// counted references each time (3.7% of booking's CPU in a checkout benchmark, 2026-12-04).
+/// every request, and a clone of the fields themselves (connection handles, key prefixes, URLs) would allocate
+/// and count references each time.
 #[derive(Clone)]
 pub struct AppState(Arc<Shared>);
 
