@@ -70,6 +70,11 @@ fn headers<'a>(req: &'a RequestHeader, name: &str) -> Vec<&'a str> {
     req.headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect()
 }
 
+/// The body's length as `Content-Length` gives it (pingora has checked it is one number), if it does.
+fn declared_length(req: &RequestHeader) -> Option<u64> {
+    header(req, "content-length").and_then(|v| v.parse().ok())
+}
+
 fn wants_html(req: &RequestHeader) -> bool {
     header(req, "authorization").is_none() && header(req, "accept").is_some_and(|a| a.contains("text/html"))
 }
@@ -194,7 +199,7 @@ impl Edge {
         if session.is_body_empty() {
             return Ok(None);
         }
-        let declared = header(session.req_header(), "content-length").and_then(|v| v.parse::<u64>().ok());
+        let declared = declared_length(session.req_header());
         let too_large = || Reply::error(413, "body_too_large", "the request body is larger than the gateway forwards");
         if declared.is_some_and(|n| n > self.max_body as u64) {
             return Err(too_large());
@@ -241,7 +246,7 @@ impl Edge {
         if session.is_body_empty() {
             return;
         }
-        let declared = header(session.req_header(), "content-length").and_then(|v| v.parse::<u64>().ok());
+        let declared = declared_length(session.req_header());
         let skipped = match declared {
             Some(n) if n <= self.max_body as u64 => {
                 matches!(tokio::time::timeout(BODY_DEADLINE, session.drain_request_body()).await, Ok(Ok(())))
