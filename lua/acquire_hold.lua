@@ -5,7 +5,9 @@
 --                                                                          of the hold, or of the order's payment
 --                                                                          deadline (ms); +inf once paid
 -- KEYS[3]     seat map version (counter)    <p>seatmap:{evE}:version
--- KEYS[4..]   seat keys, in basket order    <p>hold:{evE}:seat:<seat>     value = hold token, or "sold:<token>"
+-- KEYS[4]     seat map log (stream)         <p>seatmap:{evE}:log          (see lib/seatmap_log.lua)
+-- KEYS[5]     seat map lapses (sorted set)  <p>seatmap:{evE}:lapses       member "h:<token>:<ARGV[6]>"
+-- KEYS[6..]   seat keys, in basket order    <p>hold:{evE}:seat:<seat>     value = hold token, or "sold:<token>"
 -- ARGV[1]     hold token
 -- ARGV[2]     account id
 -- ARGV[3]     hold time to live (ms)
@@ -15,16 +17,16 @@
 -- Returns     {1, expires_at_ms}   granted
 --             {0, i}               refused: the i-th seat of the basket (1-based) is held or sold
 --             {-1, counted}        refused: the account would exceed its cap (counted = held + bought now)
--- Time is Redis's own clock (TIME), never the caller's.
+-- Time is Redis's own clock (TIME), never the caller's. The log gets every seat as held.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
-local n = #KEYS - 3
+local n = #KEYS - 5
 
-for i = 4, #KEYS do
+for i = 6, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then
-    return {0, i - 3}
+    return {0, i - 5}
   end
 end
 
@@ -40,8 +42,10 @@ if counted + n > tonumber(ARGV[4]) then
 end
 
 local expires = now + ttl
-for i = 4, #KEYS do
+local changes = {}
+for i = 6, #KEYS do
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ttl)
+  changes[#changes + 1] = seatmap_seat_of(KEYS[i]) .. ':h'
 end
 local keep = ttl + tonumber(ARGV[5])
 redis.call('HSET', KEYS[1], 'account', ARGV[2], 'seats', ARGV[6], 'n', n, 'created', now, 'expires', expires)
@@ -52,5 +56,6 @@ redis.call('ZADD', KEYS[2], expires, ARGV[1] .. ':' .. n)
 if not bought and redis.call('PTTL', KEYS[2]) < keep then
   redis.call('PEXPIRE', KEYS[2], keep)
 end
-redis.call('INCR', KEYS[3])
+redis.call('ZADD', KEYS[5], expires, 'h:' .. ARGV[1] .. ':' .. ARGV[6])
+seatmap_publish(KEYS[3], KEYS[4], changes)
 return {1, expires}

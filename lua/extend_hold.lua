@@ -2,7 +2,11 @@
 --
 -- KEYS[1]     hold record (hash)            <p>hold:{evE}:token:<token>
 -- KEYS[2]     account holds (sorted set)    <p>hold:{evE}:account:<id>
--- KEYS[3..]   seat keys of the hold, as its record lists them
+-- KEYS[3]     seat map version (counter)    <p>seatmap:{evE}:version      (not used: the map does not change)
+-- KEYS[4]     seat map log (stream)         <p>seatmap:{evE}:log          (not used)
+-- KEYS[5]     seat map lapses (sorted set)  <p>seatmap:{evE}:lapses       the hold's member moves to the new
+--                                                                          expiry
+-- KEYS[6..]   seat keys of the hold, as its record lists them
 -- ARGV[1]     hold token
 -- ARGV[2]     account id of the caller
 -- ARGV[3]     the record's seat list, comma-joined, as read by the caller
@@ -33,9 +37,9 @@ local expires = tonumber(redis.call('HGET', KEYS[1], 'expires'))
 if expires <= now then
   return {0, 0}
 end
-for i = 3, #KEYS do
+for i = 6, #KEYS do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then
-    return {0, i - 2}
+    return {0, i - 5}
   end
 end
 
@@ -44,9 +48,10 @@ local wanted = math.min(now + tonumber(ARGV[4]), cap)
 if wanted <= expires then
   return {1, expires}
 end
-for i = 3, #KEYS do
+for i = 6, #KEYS do
   redis.call('PEXPIREAT', KEYS[i], wanted)
 end
+redis.call('ZADD', KEYS[5], wanted, 'h:' .. ARGV[1] .. ':' .. ARGV[3])
 redis.call('HSET', KEYS[1], 'expires', wanted)
 redis.call('PEXPIREAT', KEYS[1], wanted + tonumber(ARGV[6]))
 local n = redis.call('HGET', KEYS[1], 'n')

@@ -3,7 +3,9 @@
 -- KEYS[1]     hold record (hash)            <p>hold:{evE}:token:<token>
 -- KEYS[2]     account holds (sorted set)    <p>hold:{evE}:account:<id>
 -- KEYS[3]     seat map version (counter)    <p>seatmap:{evE}:version
--- KEYS[4..]   seat keys of the hold, as its record lists them
+-- KEYS[4]     seat map log (stream)         <p>seatmap:{evE}:log
+-- KEYS[5]     seat map lapses (sorted set)  <p>seatmap:{evE}:lapses
+-- KEYS[6..]   seat keys of the hold, as its record lists them
 -- ARGV[1]     hold token
 -- ARGV[2]     account id of the caller
 -- ARGV[3]     the record's seat list, comma-joined, as read by the caller
@@ -24,16 +26,17 @@ if redis.call('HGET', KEYS[1], 'seats') ~= ARGV[3] then
 end
 
 local released = 0
-for i = 4, #KEYS do
+local changes = {}
+for i = 6, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
     released = released + 1
+    changes[#changes + 1] = seatmap_seat_of(KEYS[i]) .. ':a'
   end
 end
 local n = redis.call('HGET', KEYS[1], 'n')
 redis.call('ZREM', KEYS[2], ARGV[1] .. ':' .. n)
 redis.call('DEL', KEYS[1])
-if released > 0 then
-  redis.call('INCR', KEYS[3])
-end
+redis.call('ZREM', KEYS[5], 'h:' .. ARGV[1] .. ':' .. ARGV[3])
+seatmap_publish(KEYS[3], KEYS[4], changes)
 return {1, released}

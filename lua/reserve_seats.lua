@@ -4,6 +4,10 @@
 -- never runs (Redis flushed, restarted or failed over); a marker only ever lapses early, never late.
 --
 -- KEYS[1]     seat map version (counter)    <p>seatmap:{evE}:version
+-- KEYS[2]     seat map log (stream)         <p>seatmap:{evE}:log          every seat newly marked, as sold
+-- KEYS[3]     seat map lapses (sorted set)  <p>seatmap:{evE}:lapses       the hold's member goes; the order's
+--                                                                          markers lapse at the deadline, or
+--                                                                          never once paid
 -- then for each order, in turn:
 --   its hold record (hash)                  <p>hold:{evE}:token:<token>   deleted: the hold became an order
 --   its account's seats (sorted set)        <p>hold:{evE}:account:<id>    member "<token>:<n>", score = the
@@ -19,8 +23,8 @@
 
 local force = ARGV[1] == '1'
 local retention = tonumber(ARGV[2])
--- Checked before anything is written: the keys are the version, then each order's two keys and n seats.
-local expected = 1
+-- Checked before anything is written: the keys are the map's three, then each order's two keys and n seats.
+local expected = 3
 if #ARGV < 2 or (#ARGV - 2) % 3 ~= 0 then
   return redis.error_reply('reserve_seats: ARGV is force, retention, then three values per order')
 end
@@ -32,12 +36,14 @@ if expected ~= #KEYS then
 end
 local now
 local marked = {}
-local k = 2
+local changes = {}
+local k = 4
 for a = 3, #ARGV, 3 do
   local token, n, due = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local record, account = KEYS[k], KEYS[k + 1]
   local marker = 'sold:' .. token
   local count = 0
+  local seat_keys = {}
   for i = k + 2, k + 1 + n do
     local v = redis.call('GET', KEYS[i])
     if force or v == token or v == marker then
@@ -47,9 +53,22 @@ for a = 3, #ARGV, 3 do
         redis.call('SET', KEYS[i], marker)
       end
       count = count + 1
+      if v ~= marker then
+        changes[#changes + 1] = seatmap_seat_of(KEYS[i]) .. ':s'
+      end
     end
+    seat_keys[#seat_keys + 1] = KEYS[i]
   end
   k = k + 2 + n
+  local hold_seats = redis.call('HGET', record, 'seats')
+  if hold_seats then
+    redis.call('ZREM', KEYS[3], 'h:' .. token .. ':' .. hold_seats)
+  end
+  if due > 0 then
+    redis.call('ZADD', KEYS[3], due, seatmap_sold_member(token, seat_keys))
+  else
+    redis.call('ZREM', KEYS[3], seatmap_sold_member(token, seat_keys))
+  end
   -- The account's count follows the order: it lapses with the deadline and stays for good once paid.
   local member = token .. ':' .. n
   if due > 0 then
@@ -72,5 +91,5 @@ for a = 3, #ARGV, 3 do
   redis.call('DEL', record)
   marked[#marked + 1] = count
 end
-redis.call('INCR', KEYS[1])
+seatmap_publish(KEYS[1], KEYS[2], changes)
 return marked

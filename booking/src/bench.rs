@@ -643,14 +643,15 @@ async fn redis_benchmark(args: &BenchArgs) -> anyhow::Result<f64> {
     let (host, port) = redis_port(args)?;
     let client = redis::Client::open(args.redis_url.expose_secret())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let source = include_str!("../../lua/acquire_hold.lua");
+    let source = crate::store::holds::sources::ACQUIRE_HOLD;
     let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(source).query_async(&mut conn).await?;
     let requests = (args.seconds * 40_000).to_string();
     let out = Command::new("redis-benchmark")
         .args(["-h", &host, "-p", &port.to_string(), "-c", &args.connections.to_string(), "-n", &requests])
         .args(["-r", "1000000000", "--dbnum", "9", "-q"])
-        .args(["EVALSHA", &sha, "4"])
+        .args(["EVALSHA", &sha, "6"])
         .args(["bench:{evB}:token:__rand_int__", "bench:{evB}:account:__rand_int__", "bench:{evB}:version"])
+        .args(["bench:{evB}:log", "bench:{evB}:lapses"])
         .args(["bench:{evB}:seat:__rand_int__", "token", "account", "600000", "8", "3600000", "1"])
         .output()
         .context("running redis-benchmark")?;

@@ -198,6 +198,11 @@ pub struct ServeConfig {
     /// Only tidiness depends on it: a deadline frees the seats by itself.
     #[arg(long, env = "SWEEP_INTERVAL_MS", default_value_t = 1_000)]
     pub sweep_interval_ms: u64,
+    /// How often the seats whose hold or unpaid order ran out are logged as available in each event's seat
+    /// map, in milliseconds (0: not by this process). Fans watching the map learn of a lapse this much after
+    /// it at most.
+    #[arg(long, env = "LAPSE_INTERVAL_MS", default_value_t = 250)]
+    pub lapse_interval_ms: u64,
     #[command(flatten)]
     pub outbox: OutboxArgs,
     /// How long a serialised seat map is served to every fan before it is rebuilt, in milliseconds (0: rebuilt

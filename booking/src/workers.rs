@@ -1,17 +1,18 @@
-//! Background work of booking: the sweeper (tidies unpaid orders past their deadline) and the outbox relay
-//! (publishes order events to the Redis Stream). Both are safe to run in any number of processes at once.
+//! Background work of booking: the sweeper (tidies unpaid orders past their deadline), the outbox relay
+//! (publishes order events to the Redis Stream) and the lapse step (logs the seats whose hold or unpaid order
+//! ran out). Each is safe to run in any number of processes at once.
 
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
-use crate::domain::OrderId;
 use crate::domain::order::{Command, Status};
+use crate::domain::{EventId, OrderId};
 use crate::provider;
 use crate::store::holds::Holds;
 use crate::store::lifecycle::{self, Delivery, Outcome, Scope, SeatsEffect, Window};
-use crate::store::outbox;
+use crate::store::{orders, outbox};
 
 /// Orders one sweep transaction cancels at most.
 const SWEEP_BATCH: i64 = 500;
@@ -132,6 +133,47 @@ async fn repair_paid_markers(pool: &PgPool, holds: &Holds, since: &mut time::Off
         }
     }
     *since = now;
+}
+
+/// Lapses one step takes per event at most; a longer backlog drains over the next steps.
+const LAPSE_BATCH: usize = 1_000;
+
+/// How often the list of events whose lapses are logged is read again from Postgres.
+const LAPSE_EVENTS_EVERY: Duration = Duration::from_secs(5);
+
+/// Every `every`, logs in each event's seat map the holds and unpaid orders whose time ran out
+/// (`Holds::lapse`), forever: a time to live makes no sound, and fans watching the map learn of a lapse from
+/// this step. It covers events that have not started (or started within the last day), re-read from Postgres
+/// every few seconds.
+pub async fn lapses(pool: PgPool, holds: Holds, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut events: Vec<EventId> = Vec::new();
+    let mut listed: Option<std::time::Instant> = None;
+    loop {
+        tick.tick().await;
+        if listed.is_none_or(|at| at.elapsed() >= LAPSE_EVENTS_EVERY) {
+            match orders::current_events(&pool).await {
+                Ok(found) => {
+                    events = found;
+                    listed = Some(std::time::Instant::now());
+                }
+                Err(e) => tracing::warn!(error = %e, "could not list the events whose lapses are logged"),
+            }
+        }
+        for &event in &events {
+            match holds.lapse(event, LAPSE_BATCH).await {
+                Ok(lapsed) if lapsed.seats > 0 => {
+                    metrics::counter!("booking_seats_lapsed_total").increment(lapsed.seats as u64);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, event = event.0, "lapse step failed; retrying at the next tick");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// How the relay runs.

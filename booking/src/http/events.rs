@@ -14,8 +14,8 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::auth::Proof;
 use super::error::{ApiError, ApiPath};
-use super::seat_maps::accepts_gzip;
-use crate::domain::{Catalogue, EventId, SeatId, SeatStatus};
+use super::seat_maps::{Part, accepts_gzip};
+use crate::domain::{Catalogue, EventId, MapVersion, SeatId, SeatStatus};
 use crate::store::orders;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -174,7 +174,7 @@ pub async fn get_seats(
     proof.account_for(event)?;
     let cat = catalogue(&state, event_id).await?;
     let gzip = accepts_gzip(&headers);
-    let map = state.seat_maps.get(event, gzip, || build_seat_map(&state, event, cat)).await?;
+    let map = state.seat_maps.get(event, Part::Whole, gzip, || build_seat_map(&state, event, cat)).await?;
     let mut res = ([(header::CONTENT_TYPE, "application/json")], map.body).into_response();
     let out = res.headers_mut();
     out.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
@@ -184,16 +184,29 @@ pub async fn get_seats(
     Ok(res)
 }
 
-/// The seat map, serialised: statuses from Redis (held) and Postgres (sold, the truth).
-async fn build_seat_map(state: &AppState, event: EventId, cat: Arc<Catalogue>) -> Result<Bytes, ApiError> {
+/// Every seat's status at a map version: held from Redis, sold from Postgres (the truth). The version is read
+/// first, so the statuses show every change up to it (each was committed to Postgres before it was logged), and
+/// maybe some after it, which the deltas past the version carry again.
+pub(super) async fn seat_statuses(
+    state: &AppState,
+    event: EventId,
+    cat: &Catalogue,
+) -> Result<(Vec<SeatStatus>, MapVersion), ApiError> {
+    let version = state.holds.map_version(event).await?;
     let ids: Vec<SeatId> = cat.seats().iter().map(|s| s.id).collect();
     let (held, sold) = tokio::join!(state.holds.seat_states(event, &ids), orders::sold_seats(&state.pool, event));
-    let (states, version) = held?;
     let sold: HashSet<SeatId> = sold?.into_iter().collect();
+    let statuses = ids.iter().zip(held?).map(|(id, s)| if sold.contains(id) { SeatStatus::Sold } else { s }).collect();
+    Ok((statuses, version))
+}
+
+/// The seat map, serialised.
+async fn build_seat_map(state: &AppState, event: EventId, cat: Arc<Catalogue>) -> Result<Bytes, ApiError> {
+    let (statuses, version) = seat_statuses(state, event, &cat).await?;
     let seats = cat
         .seats()
         .iter()
-        .zip(states)
+        .zip(statuses)
         .map(|(s, status)| SeatView {
             seat_id: s.id.0,
             label: s.label.clone(),
@@ -206,7 +219,7 @@ async fn build_seat_map(state: &AppState, event: EventId, cat: Arc<Catalogue>) -
             ticket_type_id: s.ticket_type_id,
             ticket_type: cat.ticket_type_name(s.ticket_type_id).to_owned(),
             price_cents: s.price_cents,
-            status: if sold.contains(&s.id) { SeatStatus::Sold } else { status },
+            status,
         })
         .collect();
     let map = SeatMap { event_id: event.0, version, seats };

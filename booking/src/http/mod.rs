@@ -7,6 +7,7 @@ mod error;
 mod events;
 mod holds;
 mod lifecycle;
+pub mod live_map;
 pub mod openapi;
 mod ops;
 mod orders;
@@ -67,6 +68,7 @@ pub struct Payments {
 #[derive(Clone, Debug)]
 struct Background {
     sweep_every: Option<Duration>,
+    lapse_every: Option<Duration>,
     relay: Option<workers::Relay>,
 }
 
@@ -134,6 +136,7 @@ impl AppState {
         };
         let background = Background {
             sweep_every: (cfg.sweep_interval_ms > 0).then(|| Duration::from_millis(cfg.sweep_interval_ms)),
+            lapse_every: (cfg.lapse_interval_ms > 0).then(|| Duration::from_millis(cfg.lapse_interval_ms)),
             relay: (cfg.outbox.outbox_relay_interval_ms > 0).then(|| workers::Relay {
                 stream,
                 every: Duration::from_millis(cfg.outbox.outbox_relay_interval_ms),
@@ -200,6 +203,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/events/{event_id}", get(events::get_event))
         .route("/events/{event_id}/seats", get(events::get_seats))
+        .route("/events/{event_id}/seats/status", get(live_map::get_status))
+        .route("/events/{event_id}/seats/layout/{catalogue_version}", get(live_map::get_layout))
         .route("/events/{event_id}/availability", get(events::get_availability))
         .route("/events/{event_id}/holds", post(holds::create_hold))
         .route("/events/{event_id}/holds/{hold_token}", delete(holds::release_hold))
@@ -225,7 +230,7 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Serves `router(state)` on a bound listener until `shutdown` resolves, with the configured background work
-/// (sweeper, outbox relay) running beside it and stopped with it.
+/// (sweeper, lapse step, outbox relay) running beside it and stopped with it.
 pub async fn serve(
     listener: TcpListener,
     unix: Option<UnixListener>,
@@ -240,6 +245,9 @@ pub async fn serve(
             holds: state.holds.clone(),
         };
         background.push(tokio::spawn(workers::sweeper(state.pool.clone(), every, check)));
+    }
+    if let Some(every) = state.background.lapse_every {
+        background.push(tokio::spawn(workers::lapses(state.pool.clone(), state.holds.clone(), every)));
     }
     if let Some(relay) = state.background.relay.clone() {
         let (conn, _) = state.holds.connection();

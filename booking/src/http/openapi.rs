@@ -6,14 +6,14 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, path::Operation};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, error, events, holds, lifecycle, ops, orders, webhooks};
+use super::{admin, error, events, holds, lifecycle, live_map, ops, orders, webhooks};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Booking API", description = "Seat holds and checkout behind the waiting-room gateway. Every \
         error body is `{\"error\": \"<code>\", \"message\": \"...\"}` plus details."),
     paths(
-        events::get_event, events::get_seats, events::get_availability,
+        events::get_event, events::get_seats, events::get_availability, live_map::get_layout, live_map::get_status,
         holds::create_hold, holds::release_hold, holds::extend_hold,
         orders::create_order, lifecycle::get_order, lifecycle::start_payment, lifecycle::extend_order,
         webhooks::payment_webhook,

@@ -1,7 +1,9 @@
-//! A short-lived cache of each event's serialised seat map. Building the map reads every seat's Redis key and
-//! serialises thousands of seats (about 20 ms for 20,000); when thousands of admitted fans open the map in the
-//! same second, one build per `SEAT_MAP_CACHE_MS` serves them all. The map carries its `version`, so a client
-//! can tell how fresh it is; holds and checkouts never trust the map, so a slightly stale one is harmless.
+//! A short-lived cache of each event's serialised seat map, in its three forms: the whole map (`/seats`), the
+//! status of every seat, and the layout. Building a map reads every seat's Redis key and serialises thousands
+//! of seats (about 20 ms for 20,000); when thousands of fans open the map in the same second, one build per
+//! `SEAT_MAP_CACHE_MS` serves them all. The map carries its `version`, so a client can tell how fresh it is;
+//! holds and checkouts never trust the map, so a slightly stale one is harmless. A layout never changes for
+//! its catalogue version, so it is built once.
 //!
 //! A client that accepts gzip gets the same bytes gzipped: a 20,000-seat map is 4.2 MB of JSON and about
 //! 370 KB gzipped. Each build is compressed at most once, by the first request that asks for it, off the
@@ -20,23 +22,40 @@ use flate2::write::GzEncoder;
 
 use crate::domain::EventId;
 
+/// Which form of an event's map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Part {
+    /// Every seat with its details and status (`/seats`).
+    Whole,
+    /// Every seat's status, packed.
+    Status,
+    /// The seats' places, labels and prices for one catalogue version: immutable.
+    Layout(i64),
+}
+
+/// One cached build, locked while it is (re)built.
+type Slot = Arc<tokio::sync::Mutex<Option<Built>>>;
+
 struct Built {
     at: Instant,
     body: Bytes,
     gzip: Option<Bytes>,
+    etag: String,
 }
 
-/// A seat map as it goes out: the JSON, gzipped when the client said it accepts that.
+/// A seat map as it goes out: the JSON, gzipped when the client said it accepts that, and its entity tag (a
+/// digest of the plain bytes, so every booking node tags the same map alike).
 pub struct Encoded {
     pub body: Bytes,
     pub gzip: bool,
+    pub etag: String,
 }
 
-/// Serialised seat maps by event, each rebuilt at most once per `ttl` (single flight: concurrent requests for
-/// a stale map wait for one build).
+/// Serialised seat maps by event and form, each rebuilt at most once per `ttl` (single flight: concurrent
+/// requests for a stale map wait for one build); a layout is never rebuilt.
 pub struct SeatMaps {
     ttl: Duration,
-    maps: Mutex<HashMap<EventId, Arc<tokio::sync::Mutex<Option<Built>>>>>,
+    maps: Mutex<HashMap<(EventId, Part), Slot>>,
 }
 
 impl SeatMaps {
@@ -45,8 +64,15 @@ impl SeatMaps {
         Self { ttl, maps: Mutex::new(HashMap::new()) }
     }
 
-    /// The event's map, from the cache when it is younger than the ttl, else from `build`; gzipped if `gzip`.
-    pub async fn get<E, F>(&self, event: EventId, gzip: bool, build: impl FnOnce() -> F) -> Result<Encoded, E>
+    /// The event's map in the form `part`, from the cache when it is younger than the ttl (a layout: whatever
+    /// its age), else from `build`; gzipped if `gzip`.
+    pub async fn get<E, F>(
+        &self,
+        event: EventId,
+        part: Part,
+        gzip: bool,
+        build: impl FnOnce() -> F,
+    ) -> Result<Encoded, E>
     where
         F: Future<Output = Result<Bytes, E>>,
     {
@@ -54,34 +80,58 @@ impl SeatMaps {
         let slot = if self.ttl.is_zero() {
             None
         } else {
-            self.maps.lock().ok().map(|mut maps| maps.entry(event).or_default().clone())
+            self.maps.lock().ok().map(|mut maps| {
+                // A catalogue change leaves its old layouts behind: keep only the newest per event.
+                if let Part::Layout(version) = part {
+                    maps.retain(|(e, p), _| *e != event || !matches!(p, Part::Layout(v) if *v < version));
+                }
+                maps.entry((event, part)).or_default().clone()
+            })
         };
         let Some(slot) = slot else {
             let body = build().await?;
             let zipped = if gzip { compress(&body).await } else { None };
-            return Ok(Encoded::choose(body, zipped));
+            let etag = etag(&body);
+            return Ok(Encoded::choose(body, zipped, etag));
         };
         let mut slot = slot.lock().await;
         let built = match slot.take() {
-            Some(built) if built.at.elapsed() < self.ttl => slot.insert(built),
-            _ => slot.insert(Built { at: Instant::now(), body: build().await?, gzip: None }),
+            Some(built) if matches!(part, Part::Layout(_)) || built.at.elapsed() < self.ttl => slot.insert(built),
+            _ => {
+                let body = build().await?;
+                slot.insert(Built { at: Instant::now(), etag: etag(&body), body, gzip: None })
+            }
         };
         if gzip && built.gzip.is_none() {
             built.gzip = compress(&built.body).await;
         }
         let zipped = if gzip { built.gzip.clone() } else { None };
-        Ok(Encoded::choose(built.body.clone(), zipped))
+        Ok(Encoded::choose(built.body.clone(), zipped, built.etag.clone()))
     }
 }
 
 impl Encoded {
     /// The gzipped bytes when there are some, else the plain ones.
-    fn choose(body: Bytes, zipped: Option<Bytes>) -> Self {
+    fn choose(body: Bytes, zipped: Option<Bytes>, etag: String) -> Self {
         match zipped {
-            Some(body) => Self { body, gzip: true },
-            None => Self { body, gzip: false },
+            Some(body) => Self { body, gzip: true, etag },
+            None => Self { body, gzip: false, etag },
         }
     }
+}
+
+/// A strong entity tag: the first 16 bytes of the body's SHA-256, in hex and quotes.
+fn etag(body: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(body);
+    format!("\"{}\"", hex::encode(&digest[..16]))
+}
+
+/// Whether the request's `If-None-Match` names `etag` (or is `*`): the client's copy is current.
+pub fn not_modified(headers: &HeaderMap, etag: &str) -> bool {
+    headers.get_all(axum::http::header::IF_NONE_MATCH).iter().filter_map(|v| v.to_str().ok()).any(|v| {
+        v.split(',').map(str::trim).any(|tag| tag == "*" || tag == etag || tag.strip_prefix("W/") == Some(etag))
+    })
 }
 
 /// Gzips `body` on a blocking thread (about 20 ms for a 20,000-seat map); `None` if that thread failed, and
@@ -155,9 +205,9 @@ mod tests {
             builds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok::<_, ()>(Bytes::from("{\"seats\":[".to_owned() + &"{\"seat_id\":1},".repeat(1000) + "]}"))
         };
-        let plain = maps.get(EventId(1), false, build).await.expect("plain");
-        let zipped = maps.get(EventId(1), true, build).await.expect("gzip");
-        let again = maps.get(EventId(1), true, build).await.expect("gzip again");
+        let plain = maps.get(EventId(1), Part::Whole, false, build).await.expect("plain");
+        let zipped = maps.get(EventId(1), Part::Whole, true, build).await.expect("gzip");
+        let again = maps.get(EventId(1), Part::Whole, true, build).await.expect("gzip again");
         assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 1, "one build serves both encodings");
         assert!(!plain.gzip && zipped.gzip);
         assert!(zipped.body.len() * 10 < plain.body.len(), "{} vs {}", zipped.body.len(), plain.body.len());
@@ -165,5 +215,22 @@ mod tests {
         let mut unzipped = Vec::new();
         flate2::read::GzDecoder::new(&zipped.body[..]).read_to_end(&mut unzipped).expect("gunzip");
         assert_eq!(unzipped, plain.body);
+        assert_eq!((plain.etag.len(), &plain.etag), (34, &zipped.etag), "one tag for both encodings");
+    }
+
+    #[test]
+    fn if_none_match_matches_the_tag_in_a_list_weakly_or_as_a_star() {
+        let check = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(axum::http::header::IF_NONE_MATCH, value.parse().expect("header"));
+            not_modified(&headers, "\"abc\"")
+        };
+        assert!(check("\"abc\""));
+        assert!(check("\"x\", \"abc\""));
+        assert!(check("W/\"abc\""));
+        assert!(check("*"));
+        assert!(!check("\"abd\""));
+        assert!(!check("abc"));
+        assert!(!not_modified(&HeaderMap::new(), "\"abc\""));
     }
 }

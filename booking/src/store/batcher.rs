@@ -250,7 +250,9 @@ impl Written {
 
 impl Stores {
     /// Marks the seats of the orders just created (checkouts of one event) sold in Redis until their payment
-    /// deadline, in one call. Best effort: if it fails, the holds simply expire and Postgres still refuses any
+    /// deadline, in one call, whatever Redis holds for them now: Postgres just gave them to these orders (a
+    /// hold that lapsed between the gate and the commit, or a fan who held a seat since, must not leave the
+    /// map showing it free or held). Best effort: if it fails, the holds simply expire and Postgres still refuses any
     /// second sale.
     async fn mark_sold(&self, news: &[NewOrder], settled: &[Settled]) {
         let (Some(holds), Some(first)) = (&self.holds, news.first()) else { return };
@@ -265,7 +267,7 @@ impl Stores {
                 _ => None,
             })
             .collect();
-        if let Err(e) = holds.reserve_all(first.event, &created, false).await {
+        if let Err(e) = holds.reserve_all(first.event, &created, true).await {
             tracing::warn!(error = %e, orders = created.len(), "checkouts committed but their seats were not marked sold in Redis");
         }
     }

@@ -50,11 +50,43 @@ impl Keys {
         format!("{}seatmap:{{ev{event}}}:version", self.prefix)
     }
 
+    /// The event's change log, a stream whose entry ids are map versions (see `lua/lib/seatmap_log.lua`).
+    pub fn log(&self, event: EventId) -> String {
+        format!("{}seatmap:{{ev{event}}}:log", self.prefix)
+    }
+
+    /// What lapses by time to live, by when (see `lua/lib/seatmap_log.lua`).
+    pub fn lapses(&self, event: EventId) -> String {
+        format!("{}seatmap:{{ev{event}}}:lapses", self.prefix)
+    }
+
+    /// The three keys of the event's seat map every state-changing script takes: version, log, lapses.
+    fn map(&self, event: EventId) -> [String; 3] {
+        [self.version(event), self.log(event), self.lapses(event)]
+    }
+
     /// The stream the outbox relay publishes order events to (one for every event; no hash tag, as no script
     /// touches it together with an event's keys).
     pub fn outbox_stream(&self) -> String {
         format!("{}outbox:orders", self.prefix)
     }
+}
+
+/// The scripts' sources. Each one that changes a seat's state starts with `lua/lib/seatmap_log.lua`, the
+/// functions that write the event's change log.
+pub mod sources {
+    macro_rules! changes_seats {
+        ($file:literal) => {
+            concat!(include_str!("../../../lua/lib/seatmap_log.lua"), include_str!(concat!("../../../lua/", $file)))
+        };
+    }
+    pub const ACQUIRE_HOLD: &str = changes_seats!("acquire_hold.lua");
+    pub const RELEASE_HOLD: &str = changes_seats!("release_hold.lua");
+    pub const EXTEND_HOLD: &str = include_str!("../../../lua/extend_hold.lua");
+    pub const RESERVE_SEATS: &str = changes_seats!("reserve_seats.lua");
+    pub const RELEASE_SEATS: &str = changes_seats!("release_seats.lua");
+    pub const SEATMAP_LAPSE: &str = changes_seats!("seatmap_lapse.lua");
+    pub const VERIFY_HOLD: &str = include_str!("../../../lua/verify_hold.lua");
 }
 
 struct Scripts {
@@ -63,26 +95,22 @@ struct Scripts {
     extend: Script,
     reserve: Script,
     release_order: Script,
+    lapse: Script,
     verify: Script,
 }
 
 impl Scripts {
     fn load() -> Self {
         Self {
-            acquire: Script::new(include_str!("../../../lua/acquire_hold.lua")),
-            release: Script::new(include_str!("../../../lua/release_hold.lua")),
-            extend: Script::new(include_str!("../../../lua/extend_hold.lua")),
-            reserve: Script::new(include_str!("../../../lua/reserve_seats.lua")),
-            release_order: Script::new(include_str!("../../../lua/release_seats.lua")),
-            verify: Script::new(include_str!("../../../lua/verify_hold.lua")),
+            acquire: Script::new(sources::ACQUIRE_HOLD),
+            release: Script::new(sources::RELEASE_HOLD),
+            extend: Script::new(sources::EXTEND_HOLD),
+            reserve: Script::new(sources::RESERVE_SEATS),
+            release_order: Script::new(sources::RELEASE_SEATS),
+            lapse: Script::new(sources::SEATMAP_LAPSE),
+            verify: Script::new(sources::VERIFY_HOLD),
         }
     }
-}
-
-/// Which keys come before the seat keys in a hold script's KEYS (each script's header says which it takes).
-enum Lead {
-    RecordAccount,
-    RecordAccountVersion,
 }
 
 /// Hold timings, from configuration.
@@ -163,6 +191,17 @@ pub enum HoldCheck {
     NotFound,
 }
 
+/// What one lapse step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lapsed {
+    /// Lapsed holds and orders taken off the index.
+    pub taken: usize,
+    /// Seats logged as available (the others were held or sold again meanwhile).
+    pub seats: usize,
+    /// The version of the log entry, if one was written.
+    pub version: Option<MapVersion>,
+}
+
 /// The Redis side of holds. Cheap to clone: the connection manager multiplexes one connection.
 #[derive(Clone)]
 pub struct Holds {
@@ -200,7 +239,10 @@ impl Holds {
         max_per_account: usize,
     ) -> Result<Acquired, StoreError> {
         let mut inv = self.scripts.acquire.prepare_invoke();
-        inv.key(self.keys.record(event, token)).key(self.keys.account(event, account)).key(self.keys.version(event));
+        inv.key(self.keys.record(event, token)).key(self.keys.account(event, account));
+        for key in self.keys.map(event) {
+            inv.key(key);
+        }
         for &seat in seats {
             inv.key(self.keys.seat(event, seat));
         }
@@ -243,7 +285,7 @@ impl Holds {
         token: HoldToken,
         rec: &HoldRecord,
     ) -> Result<HoldCheck, StoreError> {
-        let mut inv = self.on_hold(&self.scripts.release, Lead::RecordAccountVersion, event, token, rec);
+        let mut inv = self.on_hold(&self.scripts.release, event, token, rec);
         inv.arg(account).arg(&rec.seats_raw);
         decode_check("release_hold", &self.call(inv).await?, |n| HoldCheck::Released { seats: n })
     }
@@ -256,7 +298,7 @@ impl Holds {
         token: HoldToken,
         rec: &HoldRecord,
     ) -> Result<HoldCheck, StoreError> {
-        let mut inv = self.on_hold(&self.scripts.extend, Lead::RecordAccount, event, token, rec);
+        let mut inv = self.on_hold(&self.scripts.extend, event, token, rec);
         inv.arg(account)
             .arg(&rec.seats_raw)
             .arg(ms(self.times.ttl))
@@ -322,7 +364,10 @@ impl Holds {
             return Ok(vec![]);
         }
         let mut inv = self.scripts.reserve.prepare_invoke();
-        inv.key(self.keys.version(event)).arg(u8::from(force)).arg(ms(self.times.record_retention));
+        for key in self.keys.map(event) {
+            inv.key(key);
+        }
+        inv.arg(u8::from(force)).arg(ms(self.times.record_retention));
         for (order, until) in orders {
             inv.key(self.keys.record(event, order.token)).key(self.keys.account(event, order.account));
             for &seat in order.seats {
@@ -346,7 +391,10 @@ impl Holds {
     /// its count on the account. Returns how many seats went back on sale.
     pub async fn release_order(&self, event: EventId, order: &OrderSeats<'_>) -> Result<i64, StoreError> {
         let mut inv = self.scripts.release_order.prepare_invoke();
-        inv.key(self.keys.account(event, order.account)).key(self.keys.version(event));
+        inv.key(self.keys.account(event, order.account));
+        for key in self.keys.map(event) {
+            inv.key(key);
+        }
         for &seat in order.seats {
             inv.key(self.keys.seat(event, seat));
         }
@@ -355,12 +403,11 @@ impl Holds {
         self.run(inv.invoke_async(&mut conn)).await
     }
 
-    /// An invocation of a script on an existing hold: KEYS are the lead keys then the hold's seat keys, and
-    /// ARGV starts with the token.
+    /// An invocation of a script on an existing hold: KEYS are the record, the account, the map's three keys
+    /// and the hold's seat keys, and ARGV starts with the token.
     fn on_hold<'s>(
         &self,
         script: &'s Script,
-        lead: Lead,
         event: EventId,
         token: HoldToken,
         rec: &HoldRecord,
@@ -368,8 +415,8 @@ impl Holds {
         let mut inv = script.prepare_invoke();
         inv.key(self.keys.record(event, token));
         inv.key(self.keys.account(event, &rec.account));
-        if matches!(lead, Lead::RecordAccountVersion) {
-            inv.key(self.keys.version(event));
+        for key in self.keys.map(event) {
+            inv.key(key);
         }
         for &seat in &rec.seats {
             inv.key(self.keys.seat(event, seat));
@@ -404,31 +451,24 @@ impl Holds {
         Ok(())
     }
 
-    /// The Redis view of every listed seat (available, held or sold) and the map version, read in one round
-    /// trip.
-    pub async fn seat_states(
-        &self,
-        event: EventId,
-        seats: &[SeatId],
-    ) -> Result<(Vec<SeatStatus>, MapVersion), StoreError> {
+    /// The event's map version: how far its change log goes.
+    pub async fn map_version(&self, event: EventId) -> Result<MapVersion, StoreError> {
+        let mut conn = self.conn.clone();
+        let version: Option<u64> =
+            self.run(redis::cmd("GET").arg(self.keys.version(event)).query_async(&mut conn)).await?;
+        Ok(version.unwrap_or(0))
+    }
+
+    /// The Redis view of every listed seat (available, held or sold), read in one round trip.
+    pub async fn seat_states(&self, event: EventId, seats: &[SeatId]) -> Result<Vec<SeatStatus>, StoreError> {
         let mut pipe = redis::pipe();
-        pipe.get(self.keys.version(event));
         for chunk in seats.chunks(1000) {
             let keys: Vec<String> = chunk.iter().map(|&s| self.keys.seat(event, s)).collect();
             pipe.cmd("MGET").arg(keys);
         }
         let mut conn = self.conn.clone();
-        let (version, chunks): (Option<u64>, Vec<Vec<Option<String>>>) = {
-            let mut reply: Vec<redis::Value> = self.run(pipe.query_async(&mut conn)).await?;
-            if reply.is_empty() {
-                return Err(StoreError::Unexpected("empty pipeline reply".into()));
-            }
-            let bad = |e: redis::ParsingError| StoreError::Unexpected(e.to_string());
-            let version = redis::from_redis_value(reply.remove(0)).map_err(bad)?;
-            let chunks = reply.into_iter().map(redis::from_redis_value).collect::<Result<_, _>>().map_err(bad)?;
-            (version, chunks)
-        };
-        let states = chunks
+        let chunks: Vec<Vec<Option<String>>> = self.run(pipe.query_async(&mut conn)).await?;
+        Ok(chunks
             .into_iter()
             .flatten()
             .map(|v| match v.as_deref() {
@@ -436,8 +476,26 @@ impl Holds {
                 Some(v) if v.starts_with(SOLD) => SeatStatus::Sold,
                 Some(_) => SeatStatus::Held,
             })
-            .collect();
-        Ok((states, version.unwrap_or(0)))
+            .collect())
+    }
+
+    /// Logs as available every seat of the event's holds and unpaid orders whose time ran out, at most
+    /// `limit` of them per call (`lua/seatmap_lapse.lua`). Returns how many lapses were taken.
+    pub async fn lapse(&self, event: EventId, limit: usize) -> Result<Lapsed, StoreError> {
+        let mut inv = self.scripts.lapse.prepare_invoke();
+        for key in self.keys.map(event) {
+            inv.key(key);
+        }
+        inv.arg(self.keys.seat_prefix(event)).arg(limit);
+        let reply: Vec<i64> = self.call(inv).await?;
+        match reply.as_slice() {
+            &[taken, seats, version] if taken >= 0 && seats >= 0 => Ok(Lapsed {
+                taken: taken as usize,
+                seats: seats as usize,
+                version: (version > 0).then_some(version as u64),
+            }),
+            other => Err(StoreError::Unexpected(format!("seatmap_lapse: {other:?}"))),
+        }
     }
 
     /// Round trip to Redis, for readiness.

@@ -82,6 +82,15 @@ pub async fn catalogue_version(pool: &PgPool, event: EventId) -> Result<Option<i
         .await?)
 }
 
+/// The events on sale or about to be: not started, or started within the last day.
+pub async fn current_events(pool: &PgPool) -> Result<Vec<EventId>, StoreError> {
+    let ids: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM events WHERE starts_at > now() - interval '1 day' ORDER BY id")
+            .fetch_all(pool)
+            .await?;
+    Ok(ids.into_iter().map(EventId).collect())
+}
+
 /// The condition on an `order_seats` row that takes its seat now: its order is paid, or reserved before its
 /// deadline (a literal, for `concat!`).
 macro_rules! live {

@@ -456,22 +456,27 @@ async fn reserve_seats_refuses_keys_that_do_not_match_its_orders_and_writes_noth
     let hold = app.hold("fan-a", &[seat]).await;
     let token = hold.str("hold_token");
     let (keys, event) = (Keys::new(&app.prefix).expect("prefix"), EventId(app.event));
-    let (version, record, account, seat_key) = (
+    let (version, log, lapses, record, account, seat_key) = (
         keys.version(event),
+        keys.log(event),
+        keys.lapses(event),
         keys.record(event, HoldToken(token.parse().expect("token"))),
         keys.account(event, "fan-a"),
         keys.seat(event, SeatId(seat)),
     );
-    let script = redis::Script::new(include_str!("../../../lua/reserve_seats.lua"));
+    let script = redis::Script::new(booking::store::holds::sources::RESERVE_SEATS);
     let before = app.redis_keys().await;
     // One order of two seats, given one seat key; then argument lists cut short.
     let calls: [(Vec<&str>, Vec<String>); 3] = [
         (
-            vec![&version, &record, &account, &seat_key],
+            vec![&version, &log, &lapses, &record, &account, &seat_key],
             vec!["0".into(), "1000".into(), token.clone(), "2".into(), "1".into()],
         ),
-        (vec![&version, &record, &account, &seat_key], vec!["0".into(), "1000".into(), token.clone(), "1".into()]),
-        (vec![&version], vec!["0".into()]),
+        (
+            vec![&version, &log, &lapses, &record, &account, &seat_key],
+            vec!["0".into(), "1000".into(), token.clone(), "1".into()],
+        ),
+        (vec![&version, &log, &lapses], vec!["0".into()]),
     ];
     for (keys, args) in calls {
         let mut inv = script.prepare_invoke();

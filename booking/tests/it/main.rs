@@ -10,3 +10,4 @@ mod lifecycle;
 mod lifecycle_model;
 mod ops;
 mod outbox;
+mod seat_log;
