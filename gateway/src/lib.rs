@@ -4,7 +4,8 @@
 //! per-account and per-IP rate limits, and an admin listener with Prometheus metrics.
 //!
 //! Imports flow one way: `edge` (HTTP: routes, refusals, the proxy phases) uses `room` (pure decisions),
-//! `store` (Redis), `limits` and `upstreams` (booking's nodes); `ticker` and `admin` use `room` and `store`,
+//! `store` (Redis), `seatmap` (the live seat maps' feeds, over `store`), `limits` and `upstreams` (booking's
+//! nodes); `ticker` and `admin` use `room` and `store`,
 //! the ticker also `upstreams`; nothing imports `edge` but
 //! `main` and the OpenAPI document.
 
@@ -15,6 +16,7 @@ pub mod limits;
 pub mod metrics;
 pub mod openapi;
 pub mod room;
+pub mod seatmap;
 pub mod store;
 pub mod ticker;
 pub mod upstreams;

@@ -56,6 +56,26 @@ fn status() {}
     ))]
 fn page() {}
 
+/// The live seat map as Server-Sent Events, served by the gateway from the event's change log (no admission
+/// proof: availability is public; under the per-IP limit). A fresh stream opens with `event: version`
+/// (`{"version", "status"}`: read the status, then apply deltas past its version). Then `event: delta` with
+/// `id: <version>` and `{"from", "version", "changes": [[seat_id, "a" | "h" | "s"], ...]}` (available, held,
+/// sold; in order, the last for a seat wins), and a `: heartbeat` comment every 15 s. `Last-Event-ID` (or
+/// `?since=<version>`) resumes after that version from the log; `event: resync` (`{"reason", "status"}`) ends
+/// a stream that cannot be carried on: the log no longer reaches back that far, or the client fell behind.
+#[utoipa::path(get, path = "/events/{event_id}/seats/stream", tag = "seat map",
+    params(
+        ("event_id" = i64, Path, minimum = 1, description = "event id"),
+        ("since" = Option<u64>, Query, description = "resume after this map version (a status's `version`)"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "resume after this map version (EventSource sends it)"),
+    ),
+    responses(
+        (status = 200, content_type = "text/event-stream", body = String, description = "the stream"),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody, description = "no room for this event"),
+        (status = 405, body = ErrorBody), (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),
+    ))]
+fn seat_stream() {}
+
 /// The gateway is up.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
 fn healthz() {}
@@ -99,8 +119,9 @@ fn get_draw() {}
 #[openapi(
     info(title = "Waiting-room gateway API", description = "The waiting room on the public listener, the admin \
         API on the admin listener. `/events/{event_id}/...` is forwarded to booking (see booking's document) with \
-        an admission proof."),
-    paths(join, status, page, healthz, get_room, put_room, get_draw),
+        an admission proof; `/events/{event_id}/seats/status` and `/seats/layout/{catalogue_version}` without \
+        one, under the per-IP limit."),
+    paths(join, status, page, seat_stream, healthz, get_room, put_room, get_draw),
     components(schemas(ErrorBody, QueueAnswer, RoomView, LiveView, DrawView, SettingsPatch, QueueState)),
     modifiers(&Security),
 )]

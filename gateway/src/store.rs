@@ -53,6 +53,90 @@ impl QueueKeys {
     }
 }
 
+/// Booking's keys of an event's seat map that the gateway reads: the version and the change log (booking
+/// writes them, `lua/lib/seatmap_log.lua`; both services share `REDIS_KEY_PREFIX`).
+#[derive(Debug, Clone)]
+pub struct SeatMapKeys {
+    pub version: String,
+    pub log: String,
+}
+
+impl SeatMapKeys {
+    pub fn new(prefix: &str, event: i64) -> Self {
+        Self {
+            version: format!("{prefix}seatmap:{{ev{event}}}:version"),
+            log: format!("{prefix}seatmap:{{ev{event}}}:log"),
+        }
+    }
+}
+
+/// One entry of an event's change log: its map version and its changes as booking wrote them
+/// ("seat:status,seat:status", status a, h or s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    pub version: u64,
+    pub changes: String,
+}
+
+/// Raw log entries as XRANGE gives them: `[[id, [field, value, ...]], ...]`.
+type RawEntries = Vec<(String, Vec<String>)>;
+
+/// Log entries from an XRANGE or XREAD reply's entry list (`[[id, [field, value, ...]], ...]`). An entry id
+/// is "<version>-0".
+fn log_entries(raw: RawEntries) -> Result<Vec<LogEntry>, StoreError> {
+    raw.into_iter()
+        .map(|(id, fields)| {
+            let version = id.strip_suffix("-0").and_then(|v| v.parse().ok());
+            let changes = fields.chunks(2).find(|f| f[0] == "c").and_then(|f| f.get(1)).cloned();
+            match (version, changes) {
+                (Some(version), Some(changes)) => Ok(LogEntry { version, changes }),
+                _ => Err(StoreError::Reply(format!("seat map log entry {id}"))),
+            }
+        })
+        .collect()
+}
+
+/// A connection of its own for blocking reads of one event's change log (a blocked read would hold up every
+/// other call on a shared connection).
+pub struct LogReader {
+    conn: redis::aio::MultiplexedConnection,
+    keys: SeatMapKeys,
+    timeout: Duration,
+}
+
+impl LogReader {
+    /// The newest entry's version (0: no log yet).
+    pub async fn last(&mut self) -> Result<u64, StoreError> {
+        let mut cmd = redis::cmd("XREVRANGE");
+        let fut = cmd.arg(&self.keys.log).arg("+").arg("-").arg("COUNT").arg(1).query_async(&mut self.conn);
+        let raw: RawEntries = match tokio::time::timeout(self.timeout, fut).await {
+            Ok(reply) => reply?,
+            Err(_) => return Err(StoreError::Timeout(self.timeout)),
+        };
+        Ok(log_entries(raw)?.first().map_or(0, |e| e.version))
+    }
+
+    /// The entries after `after`, at most `count`, waiting up to `block` for the first one.
+    pub async fn next(&mut self, after: u64, block: Duration, count: usize) -> Result<Vec<LogEntry>, StoreError> {
+        let mut cmd = redis::cmd("XREAD");
+        let fut = cmd
+            .arg("COUNT")
+            .arg(count)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&self.keys.log)
+            .arg(format!("{after}-0"))
+            .query_async(&mut self.conn);
+        let limit = block + self.timeout;
+        let raw: Option<Vec<(String, RawEntries)>> = match tokio::time::timeout(limit, fut).await {
+            Ok(reply) => reply?,
+            Err(_) => return Err(StoreError::Timeout(limit)),
+        };
+        log_entries(raw.into_iter().flatten().flat_map(|(_, entries)| entries).collect())
+    }
+}
+
 /// The set of events that have a waiting room (no hash tag: read on its own, never inside a script).
 pub fn rooms_key(prefix: &str) -> String {
     format!("{prefix}queue:rooms")
@@ -163,6 +247,19 @@ impl LazyStore {
             scripts: self.scripts.clone(),
             store: OnceLock::new(),
         }
+    }
+
+    /// A connection of its own for reading `event`'s change log as it grows; made inside the caller's runtime.
+    pub async fn log_reader(&self, event: i64, block: Duration) -> Result<LogReader, StoreError> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(block + self.timeout));
+        let fut = self.client.get_multiplexed_async_connection_with_config(&config);
+        let conn = match tokio::time::timeout(self.timeout, fut).await {
+            Ok(conn) => conn?,
+            Err(_) => return Err(StoreError::Timeout(self.timeout)),
+        };
+        Ok(LogReader { conn, keys: SeatMapKeys::new(&self.prefix, event), timeout: self.timeout })
     }
 
     /// The store; must be called from inside the runtime that will use it.
@@ -305,6 +402,22 @@ impl QueueStore {
         let mut conn = self.conn.clone();
         let members: Vec<String> = self.run(conn.smembers(rooms_key(&self.prefix))).await?;
         Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    }
+
+    /// The event's seat map version (0: nothing logged yet).
+    pub async fn map_version(&self, event: i64) -> Result<u64, StoreError> {
+        let mut conn = self.conn.clone();
+        let version: Option<u64> = self.run(conn.get(SeatMapKeys::new(&self.prefix, event).version)).await?;
+        Ok(version.unwrap_or(0))
+    }
+
+    /// The event's change log after `after`, at most `count` entries.
+    pub async fn map_log(&self, event: i64, after: u64, count: usize) -> Result<Vec<LogEntry>, StoreError> {
+        let mut conn = self.conn.clone();
+        let key = SeatMapKeys::new(&self.prefix, event).log;
+        let mut cmd = redis::cmd("XRANGE");
+        let fut = cmd.arg(key).arg(format!("({after}-0")).arg("+").arg("COUNT").arg(count).query_async(&mut conn);
+        log_entries(self.run(fut).await?)
     }
 
     /// The account's place, if it has one.

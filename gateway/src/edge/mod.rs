@@ -7,6 +7,7 @@ pub mod framing;
 pub mod queue;
 pub mod reply;
 pub mod routes;
+pub mod stream;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use self::queue::Queue;
 use self::reply::Reply;
 use self::routes::Route;
 use crate::limits::{Limits, retry_after_seconds};
+use crate::seatmap::Feeds;
 use crate::upstreams::Upstreams;
 
 /// The waiting-room page: a static shell (cacheable by a CDN); live numbers come from the status endpoint.
@@ -45,6 +47,8 @@ pub struct Edge {
     pub max_body: usize,
     /// Longest silence between reads of a live event stream.
     pub stream_idle: Duration,
+    /// The live seat maps' feeds on this node.
+    pub feeds: Arc<Feeds>,
 }
 
 /// What one request carries from phase to phase.
@@ -60,6 +64,8 @@ pub struct Ctx {
     retried: bool,
     /// The length of the body read whole (none read: no body).
     body_len: Option<usize>,
+    /// The gateway answered with a stream, written already.
+    streamed: bool,
 }
 
 fn header<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
@@ -173,6 +179,30 @@ impl Edge {
         }
     }
 
+    /// The live seat map's stream; `None` once it was served (it ends when the client goes away).
+    async fn map_stream(&self, session: &mut Session, event: i64) -> Option<Reply> {
+        let req = session.req_header();
+        if !matches!(req.method.as_str(), "GET") {
+            return Some(Reply::error(405, "method_not_allowed", "use GET here").header("allow", "GET".into()));
+        }
+        if self.queue.rooms.get(event).is_none() {
+            return Some(Reply::error(404, "event_not_found", "this event has no live seat map here"));
+        }
+        let start = match stream::start(header(req, "last-event-id"), req.uri.query()) {
+            Ok(start) => start,
+            Err(why) => return Some(invalid(why)),
+        };
+        if let Err(wait) = self.limits.check_ip(self.client_ip(session)) {
+            crate::metrics::record_rate_limited("ip");
+            return Some(too_many(wait));
+        }
+        let store = match self.queue.store.get() {
+            Ok(store) => store,
+            Err(_) => return Some(Reply::unavailable()),
+        };
+        stream::serve(session, &self.feeds, store, event, start).await.err()
+    }
+
     /// The admission check and per-account limit in front of booking; `None` lets the request through.
     fn admit(&self, req: &RequestHeader, event: i64) -> Option<Reply> {
         let cookies = req.headers.get_all(http::header::COOKIE).iter().filter_map(|v| v.to_str().ok());
@@ -271,8 +301,20 @@ impl Edge {
             Route::QueuePage(_) | Route::QueueJoin(_) | Route::QueueStatus(_) => {
                 Some(self.queue(session, &route).await)
             }
-            Route::Event(event) => {
-                if let Some(refusal) = self.admit(session.req_header(), event) {
+            Route::MapStream(event) => {
+                let refusal = self.map_stream(session, event).await;
+                ctx.streamed = refusal.is_none();
+                refusal
+            }
+            Route::PublicMap(_) | Route::Event(_) => {
+                let refusal = match route {
+                    Route::Event(event) => self.admit(session.req_header(), event),
+                    _ => self.limits.check_ip(self.client_ip(session)).err().map(|wait| {
+                        crate::metrics::record_rate_limited("ip");
+                        too_many(wait)
+                    }),
+                };
+                if let Some(refusal) = refusal {
                     return Some(refusal);
                 }
                 ctx.client_ip = Some(self.client_ip(session));
@@ -308,7 +350,7 @@ impl ProxyHttp for Edge {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
-        let Some(reply) = self.answer(session, ctx).await else { return Ok(false) };
+        let Some(reply) = self.answer(session, ctx).await else { return Ok(ctx.streamed) };
         if matches!(reply.status, 400 | 408 | 413 | 501) {
             // The rest of the request was not read, or cannot be trusted: nothing more on this connection.
             session.set_keepalive(None);

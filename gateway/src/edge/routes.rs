@@ -12,6 +12,11 @@ pub enum Route {
     Health,
     /// `/events/{id}` or below: booking, behind the admission check.
     Event(i64),
+    /// `/events/{id}/seats/status` and `/events/{id}/seats/layout/...`: booking, public (availability is
+    /// public), under the per-IP limit.
+    PublicMap(i64),
+    /// `/events/{id}/seats/stream`: the live seat map, answered by the gateway from the event's change log.
+    MapStream(i64),
     /// `/queue/{id}`: the waiting-room page (or the status as JSON).
     QueuePage(i64),
     /// `/queue/{id}/join`.
@@ -34,8 +39,20 @@ pub fn route(path: &str) -> Route {
         return Route::Health;
     }
     if let Some(rest) = path.strip_prefix("/events/") {
-        let id = rest.split('/').next().unwrap_or("");
-        return event_id(id).map_or(Route::BadEventId, Route::Event);
+        let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
+        let Some(event) = event_id(id) else { return Route::BadEventId };
+        return match tail {
+            "seats/stream" => Route::MapStream(event),
+            "seats/status" => Route::PublicMap(event),
+            // Digits only: no path booking might read otherwise (a dot segment, an escape) passes unchecked.
+            t if t
+                .strip_prefix("seats/layout/")
+                .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())) =>
+            {
+                Route::PublicMap(event)
+            }
+            _ => Route::Event(event),
+        };
     }
     let Some(rest) = path.strip_prefix("/queue/") else { return Route::Unknown };
     let (id, tail) = match rest.split_once('/') {
@@ -101,6 +118,16 @@ mod tests {
         assert_eq!(route("/events/42"), Route::Event(42));
         assert_eq!(route("/events/42/holds/abc"), Route::Event(42));
         assert_eq!(route("/events/x/holds"), Route::BadEventId);
+        assert_eq!(route("/events/42/seats"), Route::Event(42));
+        assert_eq!(route("/events/42/seats/status"), Route::PublicMap(42));
+        assert_eq!(route("/events/42/seats/layout/7"), Route::PublicMap(42));
+        assert_eq!(route("/events/42/seats/layout/"), Route::Event(42));
+        assert_eq!(route("/events/42/seats/layout/7/x"), Route::Event(42));
+        assert_eq!(route("/events/42/seats/layout/.."), Route::Event(42));
+        assert_eq!(route("/events/42/seats/layout/%2e%2e"), Route::Event(42));
+        assert_eq!(route("/events/42/seats/status/x"), Route::Event(42));
+        assert_eq!(route("/events/42/seats/stream"), Route::MapStream(42));
+        assert_eq!(route("/events/x/seats/stream"), Route::BadEventId);
         assert_eq!(route("/events/-1"), Route::BadEventId);
         assert_eq!(route("/events/"), Route::BadEventId);
         assert_eq!(route("/admin"), Route::Unknown);

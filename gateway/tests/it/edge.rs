@@ -79,7 +79,7 @@ async fn a_live_stream_passes_each_event_at_once_and_outlives_every_timeout() {
     let started = Instant::now();
     let mut res = gw
         .client
-        .get(format!("{}/events/1/seats/stream", gw.base))
+        .get(format!("{}/events/1/feed", gw.base))
         .header("authorization", bearer(1))
         .header("accept", "text/event-stream")
         .send()

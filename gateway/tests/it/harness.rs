@@ -223,6 +223,11 @@ impl GatewayProcess {
         }
     }
 
+    /// The process id, to read its memory.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends a request; returns status, JSON body (Null if not JSON) and headers.
     pub async fn send(&self, req: reqwest::RequestBuilder) -> Reply {
         let res = req.send().await.expect("request reached the gateway");

@@ -6,3 +6,4 @@ mod harness;
 mod limits;
 mod proxy;
 mod queue;
+mod seatmap;

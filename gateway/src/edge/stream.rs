@@ -1,0 +1,184 @@
+//! `GET /events/{id}/seats/stream`: the live seat map as Server-Sent Events, answered where the fan's
+//! connection ends, from this node's feed of the event's change log (`crate::seatmap`).
+//!
+//! A fresh stream opens with a `version` event: the map version it starts after, and where to read the
+//! status (which shows some version at or past it, or earlier from a cache: then the client resumes from the
+//! status's version). A stream resumed with `Last-Event-ID` (or `?since=`, for a client that starts from a
+//! status) first replays the log from there. Then come `delta` events, and heartbeats. When the log no longer
+//! reaches back far enough, or the subscriber falls behind, a `resync` event ends the stream: the client
+//! reloads the status and subscribes again from its version.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::reply::Reply;
+use crate::seatmap::{self, Feeds, Frame};
+use crate::store::{QueueStore, StoreError};
+
+/// Log entries read in one catch-up call.
+const CATCH_UP_COUNT: usize = 1_000;
+
+/// Longest a write to a subscriber may take before it is dropped (a client that stopped reading).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a stream starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// At the current version, announced by a `version` event.
+    Now,
+    /// After this version: the log's entries since are sent first.
+    After(u64),
+}
+
+/// The start a request asks for: `Last-Event-ID` (what a browser's `EventSource` sends when it reconnects),
+/// else `?since=`, else now. `Err` names what is malformed.
+pub fn start(last_event_id: Option<&str>, query: Option<&str>) -> Result<Start, &'static str> {
+    if let Some(id) = last_event_id.map(str::trim).filter(|id| !id.is_empty()) {
+        return id.parse().map(Start::After).map_err(|_| "Last-Event-ID must be a map version (a number)");
+    }
+    let since = query.into_iter().flat_map(|q| q.split('&')).find_map(|pair| pair.strip_prefix("since="));
+    match since {
+        Some(v) => v.parse().map(Start::After).map_err(|_| "since must be a map version (a number)"),
+        None => Ok(Start::Now),
+    }
+}
+
+/// The delta frames for the log's entries after `after` up to at least `upto`; `None` when the log does not
+/// reach back that far (trimmed, or lost with Redis's data).
+async fn catch_up(store: &QueueStore, event: i64, after: u64, upto: u64) -> Result<Option<Vec<Frame>>, StoreError> {
+    let mut frames = Vec::new();
+    let mut at = after;
+    while at < upto {
+        let entries = store.map_log(event, at, CATCH_UP_COUNT).await?;
+        if entries.first().map(|e| e.version) != Some(at + 1) {
+            return Ok(None);
+        }
+        at = entries.last().map_or(at, |e| e.version);
+        frames.extend(seatmap::delta(&entries));
+        if entries.len() < CATCH_UP_COUNT && at < upto {
+            return Ok(None);
+        }
+    }
+    Ok(Some(frames))
+}
+
+/// Counts a subscriber while it is connected.
+struct Subscribed;
+
+impl Subscribed {
+    fn new() -> Self {
+        metrics::gauge!("gateway_seatmap_subscribers").increment(1.0);
+        Self
+    }
+}
+
+impl Drop for Subscribed {
+    fn drop(&mut self) {
+        metrics::gauge!("gateway_seatmap_subscribers").decrement(1.0);
+    }
+}
+
+/// Serves one subscriber until it goes away, falls behind, or must resync. `Err` is a refusal written before
+/// the stream began (Redis not answering).
+pub async fn serve(
+    session: &mut Session,
+    feeds: &Arc<Feeds>,
+    store: &QueueStore,
+    event: i64,
+    start: Start,
+) -> Result<(), Reply> {
+    // Subscribed before the version is read: nothing logged after it can be missed.
+    let mut rx = feeds.subscribe(event);
+    let unavailable = |e: StoreError| {
+        tracing::warn!(error = %e, event, "seat map stream: Redis did not answer");
+        Reply::unavailable()
+    };
+    let current = store.map_version(event).await.map_err(unavailable)?;
+    let (mut last, first): (u64, Vec<Bytes>) = match start {
+        Start::Now => (current, vec![seatmap::hello(event, current)]),
+        Start::After(v) if v == current => (v, Vec::new()),
+        Start::After(v) if v > current => (v, vec![seatmap::resync(event, "unknown_version")]),
+        Start::After(v) => match catch_up(store, event, v, current).await.map_err(unavailable)? {
+            Some(frames) => (frames.last().map_or(v, |f| f.to), frames.into_iter().map(|f| f.text).collect()),
+            None => (v, vec![seatmap::resync(event, "log_too_short")]),
+        },
+    };
+    let _subscribed = Subscribed::new();
+    let ends = first.last().is_some_and(|f| f.starts_with(b"event: resync"));
+    if write_head(session).await.is_err() {
+        return Ok(());
+    }
+    for text in first {
+        if session.write_response_body(Some(text), false).await.is_err() {
+            return Ok(());
+        }
+    }
+    if ends {
+        let _ = session.write_response_body(None, true).await;
+        return Ok(());
+    }
+    loop {
+        let frame = match rx.recv().await {
+            Ok(frame) => frame,
+            Err(RecvError::Lagged(_)) => {
+                metrics::counter!("gateway_seatmap_resyncs_total", "reason" => "behind").increment(1);
+                let _ = session.write_response_body(Some(seatmap::resync(event, "behind")), true).await;
+                return Ok(());
+            }
+            Err(RecvError::Closed) => return Ok(()),
+        };
+        let mut out: Vec<Bytes> = Vec::new();
+        if frame.from == 0 {
+            out.push(frame.text.clone());
+        } else if frame.to > last {
+            if frame.from > last + 1 {
+                // The feed began reading after this stream's start: the log has the versions in between.
+                match catch_up(store, event, last, frame.from - 1).await {
+                    Ok(Some(frames)) => out.extend(frames.into_iter().map(|f| f.text)),
+                    Ok(None) | Err(_) => {
+                        let _ = session.write_response_body(Some(seatmap::resync(event, "gap")), true).await;
+                        return Ok(());
+                    }
+                }
+            }
+            out.push(frame.text.clone());
+            last = frame.to;
+        }
+        for text in out {
+            if session.write_response_body(Some(text), false).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+async fn write_head(session: &mut Session) -> pingora::Result<()> {
+    let mut head = ResponseHeader::build(200, Some(4))?;
+    head.insert_header("content-type", "text/event-stream")?;
+    head.insert_header("cache-control", "no-store")?;
+    // Tells a buffering proxy in front (nginx) to pass each event at once.
+    head.insert_header("x-accel-buffering", "no")?;
+    session.set_keepalive(None);
+    session.set_write_timeout(Some(WRITE_TIMEOUT));
+    session.write_response_header(Box::new(head), false).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_starts_from_last_event_id_then_since_then_now() {
+        assert_eq!(start(None, None), Ok(Start::Now));
+        assert_eq!(start(None, Some("a=1")), Ok(Start::Now));
+        assert_eq!(start(Some("42"), Some("since=7")), Ok(Start::After(42)));
+        assert_eq!(start(Some(" "), Some("x=1&since=7")), Ok(Start::After(7)));
+        assert!(start(Some("abc"), None).is_err());
+        assert!(start(None, Some("since=-1")).is_err());
+    }
+}

@@ -1,0 +1,236 @@
+//! The live seat map's feed on this node: one reader of an event's change log in Redis (booking's scripts write
+//! it) per event that has subscribers, broadcast to all of them as ready-made Server-Sent Events frames. A
+//! fan's stream costs a task and a channel receiver here, and no connection to booking or Redis.
+//!
+//! The reader takes every entry the log has when it reads, so changes that come close together travel as one
+//! `delta` (its `from` and `version` are the first and last version it covers); between two frames it waits at
+//! least [`FeedOptions::coalesce`], which bounds the frames per second every subscriber is written. A
+//! subscriber that falls `capacity` frames behind is told to resync and dropped, so memory stays bounded
+//! whatever the clients do.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::broadcast;
+
+use crate::store::{LazyStore, LogEntry};
+
+/// How the feeds run.
+#[derive(Debug, Clone, Copy)]
+pub struct FeedOptions {
+    /// Least time between two frames of one event.
+    pub coalesce: Duration,
+    /// A comment line goes out after this long without a frame, so proxies keep the stream open and a
+    /// subscriber whose connection died is found.
+    pub heartbeat: Duration,
+    /// Frames a subscriber may fall behind before it is told to resync.
+    pub capacity: usize,
+    /// Longest a reader waits in one blocking read of the log.
+    pub block: Duration,
+}
+
+impl Default for FeedOptions {
+    fn default() -> Self {
+        Self {
+            coalesce: Duration::from_millis(10),
+            heartbeat: Duration::from_secs(15),
+            capacity: 256,
+            block: Duration::from_secs(1),
+        }
+    }
+}
+
+/// One frame of an event's stream, shared by every subscriber.
+#[derive(Debug)]
+pub struct Frame {
+    /// The versions it covers (`from` 0: a heartbeat, which covers none).
+    pub from: u64,
+    pub to: u64,
+    /// The SSE text.
+    pub text: Bytes,
+}
+
+/// Log entries read in one go, at most this many (a frame's size is bounded by it).
+const READ_COUNT: usize = 5_000;
+
+/// Every event's feed on this node.
+pub struct Feeds {
+    store: LazyStore,
+    options: FeedOptions,
+    feeds: Mutex<HashMap<i64, broadcast::Sender<Arc<Frame>>>>,
+}
+
+impl Feeds {
+    pub fn new(store: LazyStore, options: FeedOptions) -> Arc<Self> {
+        Arc::new(Self { store, options, feeds: Mutex::new(HashMap::new()) })
+    }
+
+    /// A receiver of `event`'s frames from now on; starts the event's reader if it has none. Must be called
+    /// from inside the runtime the reader is to run on.
+    pub fn subscribe(self: &Arc<Self>, event: i64) -> broadcast::Receiver<Arc<Frame>> {
+        let mut feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = feeds.get(&event) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = broadcast::channel(self.options.capacity.max(1));
+        feeds.insert(event, tx.clone());
+        metrics::gauge!("gateway_seatmap_feeds").increment(1.0);
+        tokio::spawn(self.clone().read(event, tx));
+        rx
+    }
+
+    /// Subscribers of every feed on this node.
+    pub fn subscribers(&self) -> usize {
+        let feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
+        feeds.values().map(broadcast::Sender::receiver_count).sum()
+    }
+
+    /// Whether the feed may stop: it has no subscriber left (then it is gone from the map, under the lock
+    /// `subscribe` takes, so no subscriber is left behind on a feed nobody reads).
+    fn retire(&self, event: i64, tx: &broadcast::Sender<Arc<Frame>>) -> bool {
+        let mut feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
+        if tx.receiver_count() > 0 {
+            return false;
+        }
+        feeds.remove(&event);
+        metrics::gauge!("gateway_seatmap_feeds").decrement(1.0);
+        true
+    }
+
+    /// The event's reader: follows the log and broadcasts what it finds, until nobody listens.
+    async fn read(self: Arc<Self>, event: i64, tx: broadcast::Sender<Arc<Frame>>) {
+        let o = self.options;
+        let mut reader = None;
+        let mut after = None;
+        let mut last_frame = Instant::now();
+        loop {
+            if self.retire(event, &tx) {
+                return;
+            }
+            let r = match reader.as_mut() {
+                Some(r) => r,
+                None => match self.store.log_reader(event, o.block).await {
+                    Ok(r) => reader.insert(r),
+                    Err(e) => {
+                        tracing::warn!(error = %e, event, "seat map feed cannot reach Redis; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                },
+            };
+            let from = match after {
+                Some(v) => v,
+                None => match r.last().await {
+                    Ok(v) => *after.insert(v),
+                    Err(e) => {
+                        tracing::warn!(error = %e, event, "seat map feed cannot read the log; retrying");
+                        reader = None;
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                },
+            };
+            match r.next(from, o.block, READ_COUNT).await {
+                Ok(entries) if entries.is_empty() => {
+                    if last_frame.elapsed() >= o.heartbeat {
+                        let _ = tx.send(Arc::new(heartbeat()));
+                        last_frame = Instant::now();
+                    }
+                }
+                Ok(entries) => {
+                    after = entries.last().map(|e| e.version);
+                    if let Some(frame) = delta(&entries) {
+                        let _ = tx.send(Arc::new(frame));
+                        metrics::counter!("gateway_seatmap_frames_total").increment(1);
+                    }
+                    last_frame = Instant::now();
+                    tokio::time::sleep(o.coalesce).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, event, "seat map feed read failed; reconnecting");
+                    reader = None;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}
+
+/// A comment line: keeps the connection alive, and tells nothing.
+pub fn heartbeat() -> Frame {
+    Frame { from: 0, to: 0, text: Bytes::from_static(b": heartbeat\n\n") }
+}
+
+/// One `delta` event for consecutive log entries (none for no entries): `id` is the last version, `data` is
+/// `{"from", "version", "changes": [[seat_id, "a" | "h" | "s"], ...]}`, the changes in the order they were
+/// made (a seat may appear more than once; the last says where it stands).
+pub fn delta(entries: &[LogEntry]) -> Option<Frame> {
+    let (first, last) = (entries.first()?, entries.last()?);
+    let mut text = String::with_capacity(64 + entries.iter().map(|e| e.changes.len() + 8).sum::<usize>());
+    let _ = write!(
+        text,
+        "id: {}\nevent: delta\ndata: {{\"from\":{},\"version\":{},\"changes\":[",
+        last.version, first.version, last.version
+    );
+    let mut any = false;
+    for entry in entries {
+        for change in entry.changes.split(',') {
+            let Some((seat, status)) = change.split_once(':') else { continue };
+            if seat.is_empty() || !seat.bytes().all(|b| b.is_ascii_digit()) || !matches!(status, "a" | "h" | "s") {
+                continue;
+            }
+            if any {
+                text.push(',');
+            }
+            any = true;
+            let _ = write!(text, "[{seat},\"{status}\"]");
+        }
+    }
+    text.push_str("]}\n\n");
+    Some(Frame { from: first.version, to: last.version, text: Bytes::from(text) })
+}
+
+/// The first event of a fresh stream: the version the stream starts after, and where the status for it is.
+pub fn hello(event: i64, version: u64) -> Bytes {
+    Bytes::from(format!(
+        "retry: 1000\nid: {version}\nevent: version\ndata: {{\"version\":{version},\"status\":\"/events/{event}/seats/status\"}}\n\n"
+    ))
+}
+
+/// The last event of a stream whose subscriber cannot be carried on from where it is: reload the status, then
+/// subscribe again.
+pub fn resync(event: i64, reason: &str) -> Bytes {
+    Bytes::from(format!(
+        "event: resync\ndata: {{\"reason\":\"{reason}\",\"status\":\"/events/{event}/seats/status\"}}\n\n"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(version: u64, changes: &str) -> LogEntry {
+        LogEntry { version, changes: changes.to_owned() }
+    }
+
+    #[test]
+    fn entries_coalesce_into_one_delta_in_order() {
+        let frame = delta(&[entry(7, "12:h,13:h"), entry(8, "12:a")]).expect("frame");
+        assert_eq!((frame.from, frame.to), (7, 8));
+        assert_eq!(
+            std::str::from_utf8(&frame.text).expect("utf-8"),
+            "id: 8\nevent: delta\ndata: {\"from\":7,\"version\":8,\"changes\":[[12,\"h\"],[13,\"h\"],[12,\"a\"]]}\n\n"
+        );
+        assert!(delta(&[]).is_none());
+    }
+
+    #[test]
+    fn a_malformed_change_is_left_out_never_passed_on() {
+        let frame = delta(&[entry(3, "1:h,x:a,2:z,:s,3\"]:a,4:s")]).expect("frame");
+        let text = std::str::from_utf8(&frame.text).expect("utf-8");
+        assert!(text.contains("\"changes\":[[1,\"h\"],[4,\"s\"]]"), "{text}");
+    }
+}

@@ -1,0 +1,312 @@
+//! The live seat map's stream, served by the gateway from the event's change log in Redis. The log is written
+//! here by the very Lua function booking's scripts use to write it (`lua/lib/seatmap_log.lua`).
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use gateway::store::SeatMapKeys;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::harness::{GatewayProcess, Node, Upstream, prefix, redis};
+
+const EVENT: i64 = 5;
+
+/// Appends one entry of changes ("seat:status") to the event's log as booking's scripts do; its version.
+async fn publish(prefix: &str, changes: &[&str]) -> u64 {
+    let source =
+        concat!(include_str!("../../../lua/lib/seatmap_log.lua"), "return seatmap_publish(KEYS[1], KEYS[2], ARGV)");
+    let keys = SeatMapKeys::new(prefix, EVENT);
+    let script = redis::Script::new(source);
+    let mut inv = script.prepare_invoke();
+    inv.key(&keys.version).key(&keys.log);
+    for change in changes {
+        inv.arg(*change);
+    }
+    inv.invoke_async(&mut redis().await).await.expect("publish")
+}
+
+/// A gateway with a room for [`EVENT`] (a stream is served for events with a room).
+async fn gateway(prefix: &str) -> (GatewayProcess, Upstream) {
+    let upstream = Upstream::start().await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, prefix)).await;
+    gw.configure(EVENT, json!({ "state": "open" })).await;
+    gw.wait_for_room(EVENT).await;
+    (gw, upstream)
+}
+
+/// One Server-Sent Event.
+#[derive(Debug, Clone, Default)]
+struct Sse {
+    id: Option<String>,
+    event: String,
+    data: Value,
+}
+
+/// A subscriber reading the stream as it comes.
+struct Subscriber {
+    res: reqwest::Response,
+    pending: String,
+}
+
+impl Subscriber {
+    async fn open(gw: &GatewayProcess, query: &str, last_event_id: Option<u64>) -> Self {
+        let mut req = gw.client.get(format!("{}/events/{EVENT}/seats/stream{query}", gw.base));
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id.to_string());
+        }
+        let res = req.header("accept", "text/event-stream").send().await.expect("the stream opens");
+        assert_eq!(res.status().as_u16(), 200);
+        assert_eq!(res.headers()["content-type"], "text/event-stream");
+        Self { res, pending: String::new() }
+    }
+
+    /// The next event (heartbeats skipped); `None` when the stream ended.
+    async fn next(&mut self) -> Option<Sse> {
+        loop {
+            if let Some(end) = self.pending.find("\n\n") {
+                let block: String = self.pending.drain(..end + 2).collect();
+                let mut sse = Sse::default();
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        sse.id = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        sse.event = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        sse.data = serde_json::from_str(v).expect("data is JSON");
+                    }
+                }
+                if sse.event.is_empty() {
+                    continue;
+                }
+                return Some(sse);
+            }
+            let piece = tokio::time::timeout(Duration::from_secs(10), self.res.chunk()).await.expect("no stall");
+            self.pending.push_str(std::str::from_utf8(&piece.expect("read")?).expect("utf-8"));
+        }
+    }
+
+    /// Deltas until one reaches `version`: every change in order, and the versions they covered.
+    async fn until(&mut self, version: u64) -> (Vec<(i64, String)>, Vec<(u64, u64)>) {
+        let (mut changes, mut spans) = (Vec::new(), Vec::new());
+        while spans.last().is_none_or(|(_, to)| *to < version) {
+            let sse = self.next().await.expect("the stream goes on");
+            assert_eq!(sse.event, "delta", "{sse:?}");
+            let (from, to) = (sse.data["from"].as_u64().expect("from"), sse.data["version"].as_u64().expect("to"));
+            assert_eq!(sse.id, Some(to.to_string()), "the id is the version reached");
+            spans.push((from, to));
+            for c in sse.data["changes"].as_array().expect("changes") {
+                changes.push((c[0].as_i64().expect("seat"), c[1].as_str().expect("status").to_owned()));
+            }
+        }
+        (changes, spans)
+    }
+}
+
+/// Asserts spans follow each other from `after` with nothing missing.
+fn assert_contiguous(after: u64, spans: &[(u64, u64)]) {
+    let mut at = after;
+    for &(from, to) in spans {
+        assert_eq!(from, at + 1, "no version skipped: {spans:?}");
+        assert!(to >= from);
+        at = to;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_stream_says_its_version_then_carries_every_change_in_order() {
+    let prefix = prefix();
+    let (gw, _upstream) = gateway(&prefix).await;
+    let before = publish(&prefix, &["1:h", "2:h"]).await;
+    let mut sub = Subscriber::open(&gw, "", None).await;
+    let hello = sub.next().await.expect("a first event");
+    assert_eq!((hello.event.as_str(), hello.data["version"].as_u64()), ("version", Some(before)));
+    assert_eq!(hello.data["status"], format!("/events/{EVENT}/seats/status"));
+    let mut last = 0;
+    for changes in [vec!["1:s", "2:s"], vec!["3:h"], vec!["3:a", "4:h"]] {
+        last = publish(&prefix, &changes).await;
+    }
+    let (changes, spans) = sub.until(last).await;
+    assert_contiguous(before, &spans);
+    let expect: Vec<(i64, String)> =
+        [(1, "s"), (2, "s"), (3, "h"), (3, "a"), (4, "h")].iter().map(|(s, c)| (*s, (*c).to_owned())).collect();
+    assert_eq!(changes, expect);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_with_last_event_id_or_since_loses_nothing_and_a_stream_too_far_behind_resyncs() {
+    let prefix = prefix();
+    let (gw, _upstream) = gateway(&prefix).await;
+    let mut versions = Vec::new();
+    for seat in 1..=10 {
+        versions.push(publish(&prefix, &[&format!("{seat}:h")]).await);
+    }
+    // A browser's EventSource reconnects with the last id it saw; a client starting from a status uses since.
+    for (query, header) in [("", Some(versions[2])), (&*format!("?since={}", versions[2]), None)] {
+        let mut sub = Subscriber::open(&gw, query, header).await;
+        let newest = *versions.last().expect("versions");
+        let (changes, spans) = sub.until(newest).await;
+        assert_contiguous(versions[2], &spans);
+        assert_eq!(changes.iter().map(|c| c.0).collect::<Vec<_>>(), (4..=versions.len() as i64).collect::<Vec<_>>());
+        let seat = versions.len() + 1;
+        let next = publish(&prefix, &[&format!("{seat}:h")]).await;
+        let (changes, _) = sub.until(next).await;
+        assert_eq!(changes, vec![(seat as i64, "h".to_owned())]);
+        versions.push(next);
+    }
+    // Up to date: nothing to replay, and the stream goes on.
+    let now = *versions.last().expect("versions");
+    let mut sub = Subscriber::open(&gw, "", Some(now)).await;
+    let next = publish(&prefix, &["12:s"]).await;
+    assert_eq!(sub.until(next).await.1, vec![(now + 1, next)]);
+
+    // The log trimmed to its last two entries: older versions can no longer be carried on.
+    let log = SeatMapKeys::new(&prefix, EVENT).log;
+    let _: i64 =
+        redis::cmd("XTRIM").arg(&log).arg("MAXLEN").arg(2).query_async(&mut redis().await).await.expect("XTRIM");
+    for (from, reason) in [(versions[0], "log_too_short"), (next + 100, "unknown_version")] {
+        let mut sub = Subscriber::open(&gw, "", Some(from)).await;
+        let sse = sub.next().await.expect("an event");
+        assert_eq!((sse.event.as_str(), sse.data["reason"].as_str()), ("resync", Some(reason)));
+        assert_eq!(sse.data["status"], format!("/events/{EVENT}/seats/status"));
+        assert!(sub.next().await.is_none(), "the stream ends after a resync");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_is_refused_clearly_for_an_unknown_event_a_bad_version_or_another_method() {
+    let prefix = prefix();
+    let (gw, _upstream) = gateway(&prefix).await;
+    let get = |path: &str, headers: &[(&str, &str)]| {
+        let (path, headers) =
+            (path.to_owned(), headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>());
+        let gw = &gw;
+        async move {
+            let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            gw.get(&path, &h).await
+        }
+    };
+    let unknown = get("/events/999/seats/stream", &[]).await;
+    assert_eq!((unknown.status, unknown.code()), (404, "event_not_found"));
+    let bad = get(&format!("/events/{EVENT}/seats/stream"), &[("last-event-id", "x")]).await;
+    assert_eq!((bad.status, bad.code()), (400, "invalid_request"));
+    let bad = get(&format!("/events/{EVENT}/seats/stream?since=-3"), &[]).await;
+    assert_eq!((bad.status, bad.code()), (400, "invalid_request"));
+    let post = gw.send(gw.client.post(format!("{}/events/{EVENT}/seats/stream", gw.base))).await;
+    assert_eq!((post.status, post.code(), post.header("allow")), (405, "method_not_allowed", Some("GET")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_public_map_reaches_booking_without_a_proof_and_the_rest_still_needs_one() {
+    let prefix = prefix();
+    let (gw, upstream) = gateway(&prefix).await;
+    for path in [format!("/events/{EVENT}/seats/status"), format!("/events/{EVENT}/seats/layout/3")] {
+        let reply = gw.get(&path, &[]).await;
+        assert_eq!((reply.status, reply.body["upstream"].as_bool()), (200, Some(true)), "{path}");
+    }
+    assert_eq!(upstream.hits(), 2);
+    for path in [format!("/events/{EVENT}/seats"), format!("/events/{EVENT}/seats/layout/..%2f..%2fholds")] {
+        let reply = gw.get(&path, &[]).await;
+        assert_eq!((reply.status, reply.code()), (401, "admission_required"), "{path}");
+    }
+    assert_eq!(upstream.hits(), 2, "nothing else reached booking");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_public_map_and_the_stream_are_under_the_per_ip_limit() {
+    let prefix = prefix();
+    let upstream = Upstream::start().await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix).arg("--ip-rps", 1).arg("--ip-burst", 2)).await;
+    gw.configure(EVENT, json!({ "state": "open" })).await;
+    gw.wait_for_room(EVENT).await;
+    // A burst of two, then one a second: the third and fourth requests in a row are refused, whatever they ask.
+    for path in [format!("/events/{EVENT}/seats/status"), format!("/events/{EVENT}/seats/layout/1")] {
+        assert_eq!(gw.get(&path, &[]).await.status, 200, "{path}");
+    }
+    for path in [format!("/events/{EVENT}/seats/stream"), format!("/events/{EVENT}/seats/status")] {
+        let reply = gw.get(&path, &[]).await;
+        assert_eq!((reply.status, reply.code()), (429, "rate_limited"), "{path}");
+        assert!(reply.header("retry-after").is_some());
+    }
+}
+
+/// KiB of resident memory of a process.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_subscribers_each_receive_every_delta_with_bounded_memory() {
+    const SUBSCRIBERS: usize = 5_000;
+    const CHANGES: usize = 20;
+    let prefix = prefix();
+    let (gw, _upstream) = gateway(&prefix).await;
+    let start = publish(&prefix, &["1:h"]).await;
+    let port: u16 = gw.base.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let rss_before = rss_kib(gw.pid());
+    // Raw sockets: a client as light as can be, so the gateway is what is measured.
+    let request = format!(
+        "GET /events/{EVENT}/seats/stream?since={start} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n\r\n"
+    );
+    let connect = |_| {
+        let request = request.clone();
+        async move {
+            let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+            sock.write_all(request.as_bytes()).await.expect("request");
+            sock
+        }
+    };
+    let mut socks = Vec::with_capacity(SUBSCRIBERS);
+    for wave in 0..SUBSCRIBERS / 500 {
+        socks.extend(join_all((wave * 500..(wave + 1) * 500).map(connect)).await);
+    }
+    // Every subscriber has its answer's head before the changes come.
+    let heads = join_all(socks.iter_mut().map(|sock| async move {
+        let mut buf = vec![0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(30), sock.read(&mut buf))
+            .await
+            .expect("head in time")
+            .expect("read");
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200")
+    }))
+    .await;
+    assert!(heads.iter().all(|ok| *ok), "every subscriber got 200");
+    let rss_during = rss_kib(gw.pid());
+    let mut last = start;
+    let published = Instant::now();
+    for seat in 0..CHANGES {
+        last = publish(&prefix, &[&format!("{}:s", 100 + seat)]).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let wanted = format!("\"version\":{last},");
+    let received = join_all(socks.iter_mut().map(|sock| {
+        let wanted = wanted.clone();
+        async move {
+            let mut text = String::new();
+            let mut buf = vec![0u8; 4096];
+            while !text.contains(&wanted) {
+                match tokio::time::timeout(Duration::from_secs(30), sock.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+                    _ => break,
+                }
+            }
+            (100..100 + CHANGES as i64).all(|seat| text.contains(&format!("[{seat},\"s\"]")))
+        }
+    }))
+    .await;
+    let all = received.iter().filter(|ok| **ok).count();
+    let took = published.elapsed();
+    let per_subscriber = rss_during.saturating_sub(rss_before) * 1024 / SUBSCRIBERS as u64;
+    eprintln!(
+        "{SUBSCRIBERS} subscribers: {all} got all {CHANGES} changes within {took:?}; gateway RSS {rss_before} -> {rss_during} KiB, {per_subscriber} bytes per subscriber"
+    );
+    assert_eq!(all, SUBSCRIBERS, "every subscriber received every change");
+    // Pingora's own state per client connection (its task and proxy future, the header buffer) is most of it;
+    // with pingora's default 64 KiB read buffer per connection this was over 100 KiB.
+    assert!(per_subscriber <= 64 * 1024, "memory per subscriber stays bounded: {per_subscriber} bytes");
+}
