@@ -7,7 +7,8 @@
 -- KEYS[3]     seat map version (counter)    <p>seatmap:{evE}:version
 -- KEYS[4]     seat map log (stream)         <p>seatmap:{evE}:log          (see lib/seatmap_log.lua)
 -- KEYS[5]     seat map lapses (sorted set)  <p>seatmap:{evE}:lapses       member "h:<token>:<ARGV[6]>"
--- KEYS[6..]   seat keys, in basket order    <p>hold:{evE}:seat:<seat>     value = hold token, or "sold:<token>"
+-- KEYS[6]     seat map taken (set)          <p>seatmap:{evE}:taken
+-- KEYS[7..]   seat keys, in basket order    <p>hold:{evE}:seat:<seat>     value = hold token, or "sold:<token>"
 -- ARGV[1]     hold token
 -- ARGV[2]     account id
 -- ARGV[3]     hold time to live (ms)
@@ -22,11 +23,11 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
-local n = #KEYS - 5
+local n = #KEYS - 6
 
-for i = 6, #KEYS do
+for i = 7, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then
-    return {0, i - 5}
+    return {0, i - 6}
   end
 end
 
@@ -43,7 +44,7 @@ end
 
 local expires = now + ttl
 local changes = {}
-for i = 6, #KEYS do
+for i = 7, #KEYS do
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ttl)
   changes[#changes + 1] = seatmap_seat_of(KEYS[i]) .. ':h'
 end
@@ -57,5 +58,5 @@ if not bought and redis.call('PTTL', KEYS[2]) < keep then
   redis.call('PEXPIRE', KEYS[2], keep)
 end
 redis.call('ZADD', KEYS[5], expires, 'h:' .. ARGV[1] .. ':' .. ARGV[6])
-seatmap_publish(KEYS[3], KEYS[4], changes)
+seatmap_publish(KEYS[3], KEYS[4], KEYS[6], changes)
 return {1, expires}

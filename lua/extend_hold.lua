@@ -6,7 +6,8 @@
 -- KEYS[4]     seat map log (stream)         <p>seatmap:{evE}:log          (not used)
 -- KEYS[5]     seat map lapses (sorted set)  <p>seatmap:{evE}:lapses       the hold's member moves to the new
 --                                                                          expiry
--- KEYS[6..]   seat keys of the hold, as its record lists them
+-- KEYS[6]     seat map taken (set)          <p>seatmap:{evE}:taken        (not used)
+-- KEYS[7..]   seat keys of the hold, as its record lists them
 -- ARGV[1]     hold token
 -- ARGV[2]     account id of the caller
 -- ARGV[3]     the record's seat list, comma-joined, as read by the caller
@@ -37,9 +38,9 @@ local expires = tonumber(redis.call('HGET', KEYS[1], 'expires'))
 if expires <= now then
   return {0, 0}
 end
-for i = 6, #KEYS do
+for i = 7, #KEYS do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then
-    return {0, i - 5}
+    return {0, i - 6}
   end
 end
 
@@ -48,7 +49,7 @@ local wanted = math.min(now + tonumber(ARGV[4]), cap)
 if wanted <= expires then
   return {1, expires}
 end
-for i = 6, #KEYS do
+for i = 7, #KEYS do
   redis.call('PEXPIREAT', KEYS[i], wanted)
 end
 redis.call('ZADD', KEYS[5], wanted, 'h:' .. ARGV[1] .. ':' .. ARGV[3])

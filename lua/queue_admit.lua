@@ -10,7 +10,8 @@
 --
 -- KEYS (the same fifteen for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
---                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version
+--                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
+--                                                   all_held (1: every seat left is held; nobody is admitted)
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
 --   3 head (counter)      <p>queue:{evE}:head      the last place the admission step has passed
 --   4 places (hash)       <p>queue:{evE}:places    account -> place
@@ -28,15 +29,20 @@
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     most places one step may walk past (bounds the script's run time)
 -- ARGV[2]     burst: the most credit that may accrue, in ms of the admission rate
--- Returns     {"idle", state}                   the queue is not open: nothing admitted (credit resets to a burst)
+-- Returns     {"idle", state}                   the queue is not open, or every seat left is held (state
+--                                               "all_held"): nothing admitted (credit resets to a burst)
 --             {"opening"}                       the pre-queue's opening time has passed: open it first
 --             {"stepped", head, seq, admitted, skipped}
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local s = redis.call('HMGET', KEYS[1], 'state', 'admit_per_minute', 'max_active', 'session_seconds',
-  'abandon_after_seconds', 'opens_at')
+  'abandon_after_seconds', 'opens_at', 'all_held')
 local state = s[1]
+if state == 'open' and s[7] == '1' then
+  redis.call('HSET', KEYS[11], 'last_ms', now, 'credit', -1)
+  return {'idle', 'all_held'}
+end
 if state ~= 'open' then
   redis.call('HSET', KEYS[11], 'last_ms', now, 'credit', -1)
   if state == 'prequeue' then

@@ -8,6 +8,7 @@
 -- KEYS[3]     seat map lapses (sorted set)  <p>seatmap:{evE}:lapses       the hold's member goes; the order's
 --                                                                          markers lapse at the deadline, or
 --                                                                          never once paid
+-- KEYS[4]     seat map taken (set)          <p>seatmap:{evE}:taken
 -- then for each order, in turn:
 --   its hold record (hash)                  <p>hold:{evE}:token:<token>   deleted: the hold became an order
 --   its account's seats (sorted set)        <p>hold:{evE}:account:<id>    member "<token>:<n>", score = the
@@ -23,8 +24,8 @@
 
 local force = ARGV[1] == '1'
 local retention = tonumber(ARGV[2])
--- Checked before anything is written: the keys are the map's three, then each order's two keys and n seats.
-local expected = 3
+-- Checked before anything is written: the keys are the map's four, then each order's two keys and n seats.
+local expected = 4
 if #ARGV < 2 or (#ARGV - 2) % 3 ~= 0 then
   return redis.error_reply('reserve_seats: ARGV is force, retention, then three values per order')
 end
@@ -37,13 +38,17 @@ end
 local now
 local marked = {}
 local changes = {}
-local k = 4
+local k = 5
 for a = 3, #ARGV, 3 do
   local token, n, due = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local record, account = KEYS[k], KEYS[k + 1]
   local marker = 'sold:' .. token
   local count = 0
   local seat_keys = {}
+  -- The hold leaves the lapse index; if it was still there, a seat of it that ran out and is not marked now
+  -- is logged as available here (nothing else would).
+  local hold_seats = redis.call('HGET', record, 'seats')
+  local unlogged = hold_seats and redis.call('ZREM', KEYS[3], 'h:' .. token .. ':' .. hold_seats) == 1
   for i = k + 2, k + 1 + n do
     local v = redis.call('GET', KEYS[i])
     if force or v == token or v == marker then
@@ -56,14 +61,12 @@ for a = 3, #ARGV, 3 do
       if v ~= marker then
         changes[#changes + 1] = seatmap_seat_of(KEYS[i]) .. ':s'
       end
+    elseif not v and unlogged then
+      changes[#changes + 1] = seatmap_seat_of(KEYS[i]) .. ':a'
     end
     seat_keys[#seat_keys + 1] = KEYS[i]
   end
   k = k + 2 + n
-  local hold_seats = redis.call('HGET', record, 'seats')
-  if hold_seats then
-    redis.call('ZREM', KEYS[3], 'h:' .. token .. ':' .. hold_seats)
-  end
   if due > 0 then
     redis.call('ZADD', KEYS[3], due, seatmap_sold_member(token, seat_keys))
   else
@@ -91,5 +94,5 @@ for a = 3, #ARGV, 3 do
   redis.call('DEL', record)
   marked[#marked + 1] = count
 end
-seatmap_publish(KEYS[1], KEYS[2], changes)
+seatmap_publish(KEYS[1], KEYS[2], KEYS[4], changes)
 return marked

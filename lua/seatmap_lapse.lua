@@ -5,6 +5,7 @@
 -- KEYS[1]     seat map version (counter)    <p>seatmap:{evE}:version
 -- KEYS[2]     seat map log (stream)         <p>seatmap:{evE}:log
 -- KEYS[3]     seat map lapses (sorted set)  <p>seatmap:{evE}:lapses       (see lib/seatmap_log.lua)
+-- KEYS[4]     seat map taken (set)          <p>seatmap:{evE}:taken
 -- ARGV[1]     the prefix of every seat key of the event, <p>hold:{evE}:seat: (the seats are read from the
 --             members, so they are not in KEYS; they share the event's hash slot)
 -- ARGV[2]     most lapses taken in one run (the rest wait for the next)
@@ -35,5 +36,5 @@ for _, member in ipairs(due) do
   end
 end
 redis.call('ZREM', KEYS[3], unpack(due))
-local v = seatmap_publish(KEYS[1], KEYS[2], changes)
+local v = seatmap_publish(KEYS[1], KEYS[2], KEYS[4], changes)
 return {#due, #changes, v or 0}

@@ -649,9 +649,9 @@ async fn redis_benchmark(args: &BenchArgs) -> anyhow::Result<f64> {
     let out = Command::new("redis-benchmark")
         .args(["-h", &host, "-p", &port.to_string(), "-c", &args.connections.to_string(), "-n", &requests])
         .args(["-r", "1000000000", "--dbnum", "9", "-q"])
-        .args(["EVALSHA", &sha, "6"])
+        .args(["EVALSHA", &sha, "7"])
         .args(["bench:{evB}:token:__rand_int__", "bench:{evB}:account:__rand_int__", "bench:{evB}:version"])
-        .args(["bench:{evB}:log", "bench:{evB}:lapses"])
+        .args(["bench:{evB}:log", "bench:{evB}:lapses", "bench:{evB}:taken"])
         .args(["bench:{evB}:seat:__rand_int__", "token", "account", "600000", "8", "3600000", "1"])
         .output()
         .context("running redis-benchmark")?;

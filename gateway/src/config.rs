@@ -94,8 +94,9 @@ pub struct Config {
     /// A node whose view of a queue is older than this answers 503 instead of guessing, in milliseconds.
     #[arg(long, env = "GATEWAY_STALE_AFTER_MS", default_value_t = 2000)]
     pub stale_after_ms: u64,
-    /// How often to ask booking whether an open room's event has sold out, in milliseconds (0: never).
-    #[arg(long, env = "GATEWAY_AVAILABILITY_POLL_MS", default_value_t = 2000)]
+    /// How often to ask booking what an open room's event has left (sold out; every seat left held), in
+    /// milliseconds (0: never).
+    #[arg(long, env = "GATEWAY_AVAILABILITY_POLL_MS", default_value_t = 1000)]
     pub availability_poll_ms: u64,
     /// Requests per second one admitted account may send to booking through the gateway.
     #[arg(long, env = "GATEWAY_ACCOUNT_RPS", default_value_t = 20)]

@@ -527,6 +527,15 @@ impl QueueStore {
         Ok(Configured { settings, change })
     }
 
+    /// Records whether every seat left is held (`all_held` in the room's settings): the admission step admits
+    /// nobody while it is, and every node reads it with the room.
+    pub async fn set_all_held(&self, event: i64, all_held: bool) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let key = self.keys(event).key("settings");
+        let () = self.run(conn.hset(key, "all_held", u8::from(all_held))).await?;
+        Ok(())
+    }
+
     /// The recorded pre-queue draw, once the pre-queue has opened.
     pub async fn draw(&self, event: i64) -> Result<Option<Draw>, StoreError> {
         let k = self.keys(event);

@@ -1,8 +1,9 @@
 //! The ticker: a pingora background service that, a few times a second and for every event with a waiting
 //! room, flushes the polls this node served (one call), runs one admission step (any node may: the step is
 //! correct however many run it), opens a pre-queue whose time has come, and refreshes this node's view. Every
-//! couple of seconds it also asks booking whether each room's event has sold out, and sets the room's state to
-//! `sold_out` (or back to `open` when seats return).
+//! second or so it also asks booking what each room's event has left: it sets the room's state to `sold_out`
+//! (or back to `open` when seats return), and marks the room `all_held` while every seat left is held (the
+//! admission step admits nobody then; the seat map's lapse step brings seats back as holds run out).
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -85,11 +86,15 @@ pub struct Availability {
 #[derive(Debug, serde::Deserialize)]
 struct BookingAvailability {
     sold_out: bool,
+    /// Seats neither sold nor held (absent from a booking that does not count them: never all held).
+    #[serde(default)]
+    seats_available: Option<u64>,
 }
 
 impl Ticker {
     /// Moves open or paused rooms whose event booking reports sold out to `sold_out`, and back to `open` when
-    /// seats return. Failures are logged and retried at the next check.
+    /// seats return; marks a room `all_held` while every seat left is held, and clears it when one comes back.
+    /// Failures are logged and retried at the next check.
     async fn check_sold_out(&self, availability: &Availability, connector: &Connector) {
         let (Ok(store), Ok(account)) = (self.store.get(), AccountId::parse("waiting-room")) else { return };
         for event in self.rooms.events() {
@@ -101,9 +106,9 @@ impl Ticker {
             let proof =
                 availability.keyring.sign(&AdmissionClaims::new(account.clone(), event, tokens::unix_now(), 60));
             let path = format!("/events/{event}/availability");
-            let sold_out = match availability.upstreams.get(connector, &path, &proof).await {
+            let answer = match availability.upstreams.get(connector, &path, &proof).await {
                 Some((200, body)) => match serde_json::from_slice::<BookingAvailability>(&body) {
-                    Ok(answer) => answer.sold_out,
+                    Ok(answer) => answer,
                     Err(e) => {
                         tracing::debug!(event, error = %e, "booking's availability unreadable");
                         continue;
@@ -115,7 +120,14 @@ impl Ticker {
                 }
                 None => continue,
             };
-            let target = match (sold_out, state) {
+            let all_held = !answer.sold_out && answer.seats_available == Some(0);
+            if all_held != room.live.settings.all_held {
+                match store.set_all_held(event, all_held).await {
+                    Ok(()) => tracing::info!(event, all_held, "booking reported what is left to hold"),
+                    Err(e) => tracing::warn!(event, error = %e, "could not record that every seat left is held"),
+                }
+            }
+            let target = match (answer.sold_out, state) {
                 (true, QueueState::Open | QueueState::Paused) => QueueState::SoldOut,
                 (false, QueueState::SoldOut) => QueueState::Open,
                 _ => continue,

@@ -4,6 +4,9 @@
 -- The log       <p>seatmap:{evE}:log       a Redis Stream; entry id "<version>-0", field "c" = the changes,
 --                                          "seat:status,seat:status", status a (available), h (held), s (sold)
 -- The version   <p>seatmap:{evE}:version   moves by exactly one per entry: versions in the log have no gaps
+-- The taken     <p>seatmap:{evE}:taken     set of the seats the log last said were held or sold: its size is what
+--                                          is not available, read in O(1) (the waiting room stops admitting
+--                                          when nothing is left)
 -- The lapses    <p>seatmap:{evE}:lapses    sorted set of what lapses by time to live: member
 --                                          "h:<hold token>:<seats>" (a hold) or "s:<hold token>:<seats>" (an
 --                                          unpaid order's markers), score = when it lapses (unix ms);
@@ -15,11 +18,19 @@
 
 local SEATMAP_LOG_MAXLEN = 50000
 
--- Appends one entry of changes (a list of "seat:status") and returns its version; nothing, and nil, when the
--- list is empty.
-local function seatmap_publish(version_key, log_key, changes)
+-- Appends one entry of changes (a list of "seat:status") and returns its version, and keeps the taken set in
+-- step; nothing, and nil, when the list is empty.
+local function seatmap_publish(version_key, log_key, taken_key, changes)
   if #changes == 0 then
     return nil
+  end
+  for _, change in ipairs(changes) do
+    local seat, status = string.match(change, '^(%d+):(%a)$')
+    if status == 'a' then
+      redis.call('SREM', taken_key, seat)
+    else
+      redis.call('SADD', taken_key, seat)
+    end
   end
   local v = redis.call('INCR', version_key)
   if v == 1 then

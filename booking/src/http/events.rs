@@ -74,6 +74,9 @@ pub struct Availability {
     pub seats_sold: usize,
     /// On sale and not sold (some may be held right now and come back when the hold lapses).
     pub seats_remaining: usize,
+    /// On sale, and neither sold nor held right now: what a fan could hold. When it is 0 but seats remain, they
+    /// are all held: the waiting room stops admitting until some come back.
+    pub seats_available: usize,
     /// Every seat on sale is sold: the waiting room stops admitting and tells waiting fans.
     pub sold_out: bool,
 }
@@ -121,7 +124,8 @@ pub async fn get_event(
     }))
 }
 
-/// How many seats are left, from Postgres (the truth); the gateway polls it to know when an event sells out.
+/// How many seats are left: sold from Postgres (the truth), held from the seat map's log. The gateway polls it to
+/// know when an event sells out, and when every seat left is held.
 #[utoipa::path(get, path = "/events/{event_id}/availability", tag = "events",
     params(("event_id" = i64, Path, minimum = 1, description = "event id")),
     security(("admission" = [])),
@@ -140,12 +144,16 @@ pub async fn get_availability(
     proof.account_for(event)?;
     let cat = catalogue(&state, event_id).await?;
     let on_sale = cat.seats().len();
-    let sold = usize::try_from(orders::sold_count(&state.pool, event).await?).unwrap_or(0).min(on_sale);
+    let (sold, taken) = tokio::join!(orders::sold_count(&state.pool, event), state.holds.taken_count(event));
+    let sold = usize::try_from(sold?).unwrap_or(0).min(on_sale);
+    // Sold seats are taken in Redis too, unless Redis lost them: then Postgres's count is the floor.
+    let taken = usize::try_from(taken?).unwrap_or(usize::MAX).max(sold).min(on_sale);
     Ok(Json(Availability {
         event_id,
         seats_on_sale: on_sale,
         seats_sold: sold,
         seats_remaining: on_sale - sold,
+        seats_available: on_sale - taken,
         sold_out: on_sale > 0 && sold == on_sale,
     }))
 }

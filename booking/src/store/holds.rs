@@ -60,9 +60,14 @@ impl Keys {
         format!("{}seatmap:{{ev{event}}}:lapses", self.prefix)
     }
 
-    /// The three keys of the event's seat map every state-changing script takes: version, log, lapses.
-    fn map(&self, event: EventId) -> [String; 3] {
-        [self.version(event), self.log(event), self.lapses(event)]
+    /// The seats the event's log last said were held or sold (see `lua/lib/seatmap_log.lua`).
+    pub fn taken(&self, event: EventId) -> String {
+        format!("{}seatmap:{{ev{event}}}:taken", self.prefix)
+    }
+
+    /// The event's seat map keys every state-changing script takes, in this order: version, log, lapses, taken.
+    fn map(&self, event: EventId) -> [String; 4] {
+        [self.version(event), self.log(event), self.lapses(event), self.taken(event)]
     }
 
     /// The stream the outbox relay publishes order events to (one for every event; no hash tag, as no script
@@ -449,6 +454,12 @@ impl Holds {
             SeatsEffect::Released => self.release_order(order.event, &on).await?,
         };
         Ok(())
+    }
+
+    /// How many seats the event's log says are held or sold now (a lapse counts once the lapse step logged it).
+    pub async fn taken_count(&self, event: EventId) -> Result<u64, StoreError> {
+        let mut conn = self.conn.clone();
+        self.run(redis::cmd("SCARD").arg(self.keys.taken(event)).query_async(&mut conn)).await
     }
 
     /// The event's map version: how far its change log goes.

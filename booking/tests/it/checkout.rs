@@ -456,10 +456,11 @@ async fn reserve_seats_refuses_keys_that_do_not_match_its_orders_and_writes_noth
     let hold = app.hold("fan-a", &[seat]).await;
     let token = hold.str("hold_token");
     let (keys, event) = (Keys::new(&app.prefix).expect("prefix"), EventId(app.event));
-    let (version, log, lapses, record, account, seat_key) = (
+    let (version, log, lapses, taken, record, account, seat_key) = (
         keys.version(event),
         keys.log(event),
         keys.lapses(event),
+        keys.taken(event),
         keys.record(event, HoldToken(token.parse().expect("token"))),
         keys.account(event, "fan-a"),
         keys.seat(event, SeatId(seat)),
@@ -469,14 +470,14 @@ async fn reserve_seats_refuses_keys_that_do_not_match_its_orders_and_writes_noth
     // One order of two seats, given one seat key; then argument lists cut short.
     let calls: [(Vec<&str>, Vec<String>); 3] = [
         (
-            vec![&version, &log, &lapses, &record, &account, &seat_key],
+            vec![&version, &log, &lapses, &taken, &record, &account, &seat_key],
             vec!["0".into(), "1000".into(), token.clone(), "2".into(), "1".into()],
         ),
         (
-            vec![&version, &log, &lapses, &record, &account, &seat_key],
+            vec![&version, &log, &lapses, &taken, &record, &account, &seat_key],
             vec!["0".into(), "1000".into(), token.clone(), "1".into()],
         ),
-        (vec![&version, &log, &lapses], vec!["0".into()]),
+        (vec![&version, &log, &lapses, &taken], vec!["0".into()]),
     ];
     for (keys, args) in calls {
         let mut inv = script.prepare_invoke();

@@ -107,6 +107,13 @@ fn apply(mut map: HashMap<i64, char>, deltas: &[Entry]) -> HashMap<i64, char> {
     map
 }
 
+/// What booking's availability says a fan could hold now.
+async fn available(app: &TestApp) -> u64 {
+    let url = app.url(&format!("/events/{}/availability", app.event));
+    let res = app.send(app.client.get(url).bearer_auth(app.proof("fan-x"))).await;
+    res.body["seats_available"].as_u64().expect("seats_available")
+}
+
 /// Asserts that versions go up by exactly one from `after` (from the first entry when the log started after
 /// `after` was read: a new log starts at Redis's clock).
 fn assert_no_gaps(after: u64, log: &[Entry]) {
@@ -149,8 +156,11 @@ async fn every_change_is_logged_by_the_script_that_makes_it_with_versions_that_h
     let seats = app.seats_on_sale().await;
     let (start, _) = status(&app).await;
 
+    let all = available(&app).await;
+    assert_eq!(all, seats.len() as u64);
     let a = app.hold("fan-a", &seats[0..2]).await;
     assert_eq!(a.status, 201);
+    assert_eq!(available(&app).await, all - 2, "held seats are not available");
     let b = app.hold("fan-b", &seats[2..3]).await;
     assert_eq!(b.status, 201);
     assert_eq!(app.hold("fan-c", &seats[1..3]).await.status, 409, "a refusal changes nothing");
@@ -179,6 +189,7 @@ async fn every_change_is_logged_by_the_script_that_makes_it_with_versions_that_h
     );
     let (now, map) = status(&app).await;
     assert_eq!(now, log.last().expect("entries").0, "the status shows the log's last version");
+    assert_eq!(available(&app).await, all, "everything is back");
     assert!(seats[0..3].iter().all(|s| map[s] == 'a'));
     app.stop().await;
 }
@@ -213,6 +224,27 @@ async fn a_lapsed_hold_and_an_unpaid_order_past_its_deadline_are_logged_availabl
     let seen = await_available(&mut app, after, seats[1], Duration::from_secs(5)).await.expect("the lapse is logged");
     assert!(seen >= due && seen - due <= 1_000, "logged {} ms after the order's deadline", seen - due);
     assert_no_gaps(start, &log_since(&mut app, start).await);
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_hold_released_after_it_ran_out_but_before_its_lapse_was_logged_is_logged_available(pool: PgPool) {
+    // No lapse step in this process: the release is the only thing that can log the lapse.
+    let mut app =
+        TestApp::spawn_with(pool, &["--hold-ttl-ms", "200", "--hold-max-ms", "200", "--lapse-interval-ms", "0"]).await;
+    let seats = app.seats_on_sale().await;
+    let (start, _) = status(&app).await;
+    let hold = app.hold("fan-a", &seats[0..2]).await;
+    assert_eq!(hold.status, 201);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.seat_value(seats[0]).await, None, "the hold ran out");
+    app.release("fan-a", &hold.str("hold_token")).await;
+    let log = log_since(&mut app, start).await;
+    assert_no_gaps(start, &log);
+    let last: Vec<(i64, char)> = log.last().expect("entries").1.clone();
+    assert_eq!(last, vec![(seats[0], 'a'), (seats[1], 'a')], "{log:?}");
+    let (_, map) = status(&app).await;
+    assert!(seats[0..2].iter().all(|s| map[s] == 'a'));
     app.stop().await;
 }
 
@@ -377,6 +409,9 @@ async fn status_plus_deltas_equals_the_truth_after_random_holds_releases_checkou
     });
     assert!(counts.get(&'s').copied().unwrap_or(0) > 0, "some seats stay sold: {counts:?}");
     assert_eq!(apply(first, &log), truth, "the first status and every delta since");
+    let taken_key = Keys::new(&app.prefix).expect("prefix").taken(EventId(app.event));
+    let taken: usize = redis::cmd("SCARD").arg(&taken_key).query_async(&mut app.redis).await.expect("SCARD");
+    assert_eq!(taken, truth.values().filter(|s| **s != 'a').count(), "the taken set counts what is held or sold");
     let (mid_version, mid) = middle.expect("a status mid-run");
     let since_mid: Vec<Entry> = log.iter().filter(|(v, _)| *v > mid_version).cloned().collect();
     assert_eq!(apply(mid, &since_mid), truth, "a status read mid-run and the deltas after its version");

@@ -144,6 +144,9 @@ pub struct RoomView {
     pub opens_at: Option<u64>,
     /// Bumped on every change.
     pub version: u64,
+    /// Every seat left is held (the gateway sets it from booking's availability): nobody is admitted until
+    /// some come back.
+    pub all_held: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveView>,
     /// PUT only: pre-queue places drawn by this change.
@@ -162,6 +165,7 @@ impl RoomView {
             abandon_after_seconds: s.abandon_after_seconds,
             opens_at: s.opens_at_ms.map(|ms| ms / 1000),
             version: s.version,
+            all_held: s.all_held,
             live: None,
             drawn: None,
         }

@@ -56,6 +56,10 @@ pub struct QueueAnswer {
     /// Where an admitted fan goes next.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
+    /// Every seat left is held by fans admitted earlier: nobody is admitted until some come back (holds that
+    /// run out, checkouts that fail), so there is no ETA meanwhile. Present (true) only then.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub all_held: bool,
 }
 
 impl QueueAnswer {
@@ -74,6 +78,7 @@ impl QueueAnswer {
             admitted_at: None,
             expires_at: None,
             next: None,
+            all_held: false,
         }
     }
 }
@@ -256,11 +261,13 @@ impl Queue {
             QueueState::Open | QueueState::Prequeue => "waiting",
             other => other.as_str(),
         };
-        let eta = room::eta_seconds(settings, position);
+        let all_held = settings.all_held && settings.state == QueueState::Open;
+        let eta = if all_held { None } else { room::eta_seconds(settings, position) };
         Placed::from(QueueAnswer {
             position: Some(position),
             eta_seconds: eta,
             poll_after_ms: room::poll_after_ms(settings, eta, jitter()),
+            all_held,
             ..QueueAnswer::new(event, state)
         })
     }

@@ -72,6 +72,9 @@ pub struct Settings {
     pub opens_at_ms: Option<u64>,
     /// Bumped on every change.
     pub version: u64,
+    /// Every seat left is held (set by the gateway from booking's availability, like `sold_out`): nobody is
+    /// admitted until some come back.
+    pub all_held: bool,
 }
 
 impl Settings {
@@ -84,6 +87,7 @@ impl Settings {
         abandon_after_seconds: 60,
         opens_at_ms: None,
         version: 0,
+        all_held: false,
     };
 
     /// Reads the Redis hash; `None` when the room is not configured or the hash is damaged.
@@ -98,6 +102,7 @@ impl Settings {
             abandon_after_seconds: small("abandon_after_seconds")?,
             opens_at_ms: num("opens_at").filter(|&ms| ms > 0),
             version: num("version").unwrap_or(0),
+            all_held: num("all_held") == Some(1),
         })
     }
 }

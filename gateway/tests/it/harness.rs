@@ -36,13 +36,16 @@ pub fn free_port() -> u16 {
 }
 
 /// A real upstream: answers every request with 200 and counts them, except the gateway's own questions:
-/// booking's availability (`GET /events/{id}/availability`), answered from `sold_out`, and its health check
+/// booking's availability (`GET /events/{id}/availability`), answered from `sold_out` and `seats_available`,
+/// and its health check
 /// (`GET /readyz`).
 pub struct Upstream {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
     unix_hits: Arc<AtomicUsize>,
     pub sold_out: Arc<AtomicBool>,
+    /// Seats neither sold nor held, as booking's availability reports them.
+    pub seats_available: Arc<AtomicUsize>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -67,16 +70,19 @@ impl Upstream {
         let hits = Arc::new(AtomicUsize::new(0));
         let unix_hits = Arc::new(AtomicUsize::new(0));
         let sold_out = Arc::new(AtomicBool::new(false));
-        let app = |counter: Arc<AtomicUsize>, flag: Arc<AtomicBool>| {
+        let seats_available = Arc::new(AtomicUsize::new(1000));
+        let app = |counter: Arc<AtomicUsize>, flag: Arc<AtomicBool>, available: Arc<AtomicUsize>| {
             Router::new().fallback(any(move |uri: axum::http::Uri| {
                 let counter = counter.clone();
                 let flag = flag.clone();
+                let available = available.clone();
                 async move {
                     let body = if uri.path() == "/readyz" {
                         // The gateway's health check: answered, not counted.
                         r#"{"status":"ready"}"#.to_owned()
                     } else if uri.path().ends_with("/availability") {
-                        serde_json::json!({ "sold_out": flag.load(Ordering::SeqCst) }).to_string()
+                        let (sold_out, available) = (flag.load(Ordering::SeqCst), available.load(Ordering::SeqCst));
+                        serde_json::json!({ "sold_out": sold_out, "seats_available": available }).to_string()
                     } else {
                         counter.fetch_add(1, Ordering::SeqCst);
                         r#"{"upstream":true}"#.to_owned()
@@ -89,8 +95,8 @@ impl Upstream {
         let addr = listener.local_addr().expect("addr");
         let unix = unix.map(|path| tokio::net::UnixListener::bind(path).expect("bind the upstream's Unix socket"));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let tcp_app = app(hits.clone(), sold_out.clone());
-        let unix_app = app(unix_hits.clone(), sold_out.clone());
+        let tcp_app = app(hits.clone(), sold_out.clone(), seats_available.clone());
+        let unix_app = app(unix_hits.clone(), sold_out.clone(), seats_available.clone());
         let task = tokio::spawn(async move {
             let stop = async {
                 let _ = rx.await;
@@ -108,7 +114,7 @@ impl Upstream {
                 }
             }
         });
-        Self { addr, hits, unix_hits, sold_out, shutdown: Some(tx), task: Some(task) }
+        Self { addr, hits, unix_hits, sold_out, seats_available, shutdown: Some(tx), task: Some(task) }
     }
 
     pub fn unix_hits(&self) -> usize {

@@ -523,3 +523,43 @@ async fn a_sell_out_reported_by_booking_stops_admission_and_tells_waiting_fans()
     wait_until(&a, event, Duration::from_secs(3), |r| r["state"] == "open").await;
     upstream.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_every_seat_left_is_held_nobody_is_admitted_and_waiting_fans_are_told() {
+    let (upstream, a, b, _) = two_nodes().await;
+    let event = 113;
+    a.configure(event, json!({"state": "open", "admit_per_minute": 60000, "abandon_after_seconds": 600})).await;
+    b.wait_for_room(event).await;
+    upstream.seats_available.store(0, std::sync::atomic::Ordering::SeqCst);
+    for node in [&a, &b] {
+        wait_until(node, event, Duration::from_secs(3), |r| r["all_held"] == true).await;
+    }
+    // Nothing to hold: joiners wait, however fast the rate, and are told why.
+    let fans: Vec<String> = (0..6).map(|i| format!("fan-held-{i}")).collect();
+    let joined = join_all_fans(&a, &b, event, &fans).await;
+    assert!(
+        joined.iter().all(|j| j.body["state"] == "waiting"),
+        "{:?}",
+        joined.iter().map(|j| &j.text).collect::<Vec<_>>()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (i, j) in joined.iter().enumerate() {
+        let node = if i % 2 == 0 { &a } else { &b };
+        let s = node.status(event, &j.ticket()).await;
+        assert_eq!(
+            (s.body["state"].as_str(), s.body["all_held"].as_bool()),
+            (Some("waiting"), Some(true)),
+            "{}",
+            s.text
+        );
+        assert!(s.body["eta_seconds"].is_null(), "no ETA while nothing can be held: {}", s.text);
+    }
+    assert_eq!(a.room(event).await.body["live"]["admitted_total"], 0);
+
+    // A hold runs out somewhere: admission resumes by itself, in queue order.
+    upstream.seats_available.store(3, std::sync::atomic::Ordering::SeqCst);
+    wait_until(&a, event, Duration::from_secs(5), |r| r["live"]["admitted_total"] == 6).await;
+    let s = a.status(event, &joined[0].ticket()).await;
+    assert_eq!((s.body["state"].as_str(), s.body.get("all_held")), (Some("admitted"), None), "{}", s.text);
+    upstream.stop().await;
+}

@@ -14,12 +14,14 @@ const EVENT: i64 = 5;
 
 /// Appends one entry of changes ("seat:status") to the event's log as booking's scripts do; its version.
 async fn publish(prefix: &str, changes: &[&str]) -> u64 {
-    let source =
-        concat!(include_str!("../../../lua/lib/seatmap_log.lua"), "return seatmap_publish(KEYS[1], KEYS[2], ARGV)");
+    let source = concat!(
+        include_str!("../../../lua/lib/seatmap_log.lua"),
+        "return seatmap_publish(KEYS[1], KEYS[2], KEYS[3], ARGV)"
+    );
     let keys = SeatMapKeys::new(prefix, EVENT);
     let script = redis::Script::new(source);
     let mut inv = script.prepare_invoke();
-    inv.key(&keys.version).key(&keys.log);
+    inv.key(&keys.version).key(&keys.log).key(format!("{prefix}seatmap:{{ev{EVENT}}}:taken"));
     for change in changes {
         inv.arg(*change);
     }
