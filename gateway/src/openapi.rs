@@ -59,8 +59,9 @@ fn page() {}
 /// The live seat map as Server-Sent Events, served by the gateway from the event's change log (no admission
 /// proof: availability is public; under the per-IP limit). A fresh stream opens with `event: version`
 /// (`{"version", "status"}`: read the status, then apply deltas past its version). Then `event: delta` with
-/// `id: <version>` and `{"from", "version", "changes": [[seat_id, "a" | "h" | "s"], ...]}` (available, held,
-/// sold; in order, the last for a seat wins), and a `: heartbeat` comment every 15 s. `Last-Event-ID` (or
+/// `id: <version>` and `{"from", "version", "at", "changes": [[seat_id, "a" | "h" | "s"], ...]}` (available,
+/// held, sold; in order, the last for a seat wins; `at`: when the first was made, unix ms), and a
+/// `: heartbeat` comment every 15 s. `Last-Event-ID` (or
 /// `?since=<version>`) resumes after that version from the log; `event: resync` (`{"reason", "status"}`) ends
 /// a stream that cannot be carried on: the log no longer reaches back that far, or the client fell behind.
 #[utoipa::path(get, path = "/events/{event_id}/seats/stream", tag = "seat map",

@@ -165,15 +165,16 @@ pub fn heartbeat() -> Frame {
 }
 
 /// One `delta` event for consecutive log entries (none for no entries): `id` is the last version, `data` is
-/// `{"from", "version", "changes": [[seat_id, "a" | "h" | "s"], ...]}`, the changes in the order they were
-/// made (a seat may appear more than once; the last says where it stands).
+/// `{"from", "version", "at", "changes": [[seat_id, "a" | "h" | "s"], ...]}`, the changes in the order they
+/// were made (a seat may appear more than once; the last says where it stands); `at` is when the first of
+/// them was made (unix ms, Redis's clock), so a client can tell how fresh its map is.
 pub fn delta(entries: &[LogEntry]) -> Option<Frame> {
     let (first, last) = (entries.first()?, entries.last()?);
     let mut text = String::with_capacity(64 + entries.iter().map(|e| e.changes.len() + 8).sum::<usize>());
     let _ = write!(
         text,
-        "id: {}\nevent: delta\ndata: {{\"from\":{},\"version\":{},\"changes\":[",
-        last.version, first.version, last.version
+        "id: {}\nevent: delta\ndata: {{\"from\":{},\"version\":{},\"at\":{},\"changes\":[",
+        last.version, first.version, last.version, first.at_ms
     );
     let mut any = false;
     for entry in entries {
@@ -213,7 +214,7 @@ mod tests {
     use super::*;
 
     fn entry(version: u64, changes: &str) -> LogEntry {
-        LogEntry { version, changes: changes.to_owned() }
+        LogEntry { version, changes: changes.to_owned(), at_ms: 1_000 + version }
     }
 
     #[test]
@@ -222,7 +223,7 @@ mod tests {
         assert_eq!((frame.from, frame.to), (7, 8));
         assert_eq!(
             std::str::from_utf8(&frame.text).expect("utf-8"),
-            "id: 8\nevent: delta\ndata: {\"from\":7,\"version\":8,\"changes\":[[12,\"h\"],[13,\"h\"],[12,\"a\"]]}\n\n"
+            "id: 8\nevent: delta\ndata: {\"from\":7,\"version\":8,\"at\":1007,\"changes\":[[12,\"h\"],[13,\"h\"],[12,\"a\"]]}\n\n"
         );
         assert!(delta(&[]).is_none());
     }

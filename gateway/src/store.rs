@@ -70,12 +70,13 @@ impl SeatMapKeys {
     }
 }
 
-/// One entry of an event's change log: its map version and its changes as booking wrote them
-/// ("seat:status,seat:status", status a, h or s).
+/// One entry of an event's change log: its map version, its changes as booking wrote them
+/// ("seat:status,seat:status", status a, h or s), and when (unix ms by Redis's clock; 0 if unknown).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogEntry {
     pub version: u64,
     pub changes: String,
+    pub at_ms: u64,
 }
 
 /// Raw log entries as XRANGE gives them: `[[id, [field, value, ...]], ...]`.
@@ -87,9 +88,10 @@ fn log_entries(raw: RawEntries) -> Result<Vec<LogEntry>, StoreError> {
     raw.into_iter()
         .map(|(id, fields)| {
             let version = id.strip_suffix("-0").and_then(|v| v.parse().ok());
-            let changes = fields.chunks(2).find(|f| f[0] == "c").and_then(|f| f.get(1)).cloned();
-            match (version, changes) {
-                (Some(version), Some(changes)) => Ok(LogEntry { version, changes }),
+            let field = |name: &str| fields.chunks(2).find(|f| f[0] == name).and_then(|f| f.get(1)).cloned();
+            let at_ms = field("t").and_then(|t| t.parse().ok()).unwrap_or(0);
+            match (version, field("c")) {
+                (Some(version), Some(changes)) => Ok(LogEntry { version, changes, at_ms }),
                 _ => Err(StoreError::Reply(format!("seat map log entry {id}"))),
             }
         })

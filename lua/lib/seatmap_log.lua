@@ -2,7 +2,8 @@
 -- change reaches the event's change log in the same atomic step that makes it.
 --
 -- The log       <p>seatmap:{evE}:log       a Redis Stream; entry id "<version>-0", field "c" = the changes,
---                                          "seat:status,seat:status", status a (available), h (held), s (sold)
+--                                          "seat:status,seat:status", status a (available), h (held), s (sold);
+--                                          field "t" = when, by Redis's clock (unix ms)
 -- The version   <p>seatmap:{evE}:version   moves by exactly one per entry: versions in the log have no gaps
 -- The taken     <p>seatmap:{evE}:taken     set of the seats the log last said were held or sold: its size is what
 --                                          is not available, read in O(1) (the waiting room stops admitting
@@ -32,14 +33,15 @@ local function seatmap_publish(version_key, log_key, taken_key, changes)
       redis.call('SADD', taken_key, seat)
     end
   end
+  local t = redis.call('TIME')
   local v = redis.call('INCR', version_key)
   if v == 1 then
-    local t = redis.call('TIME')
     v = tonumber(t[1]) * 1000000 + tonumber(t[2])
     redis.call('SET', version_key, string.format('%d', v))
   end
+  local at = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   redis.call('XADD', log_key, 'MAXLEN', '~', SEATMAP_LOG_MAXLEN, string.format('%d-0', v), 'c',
-    table.concat(changes, ','))
+    table.concat(changes, ','), 't', at)
   return v
 end
 

@@ -96,6 +96,12 @@ impl Subscriber {
             assert_eq!(sse.event, "delta", "{sse:?}");
             let (from, to) = (sse.data["from"].as_u64().expect("from"), sse.data["version"].as_u64().expect("to"));
             assert_eq!(sse.id, Some(to.to_string()), "the id is the version reached");
+            let at = sse.data["at"].as_u64().expect("at");
+            let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+            assert!(
+                u128::from(at) <= now_ms && now_ms - u128::from(at) < 60_000,
+                "at is when the change was made: {at}"
+            );
             spans.push((from, to));
             for c in sse.data["changes"].as_array().expect("changes") {
                 changes.push((c[0].as_i64().expect("seat"), c[1].as_str().expect("status").to_owned()));
