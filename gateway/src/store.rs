@@ -422,6 +422,21 @@ impl QueueStore {
         log_entries(self.run(fut).await?)
     }
 
+    /// Whether the event's log still holds every entry it was ever given (nothing trimmed), so a client that has
+    /// seen none of them (version 0) can be replayed all of them.
+    pub async fn map_log_whole(&self, event: i64) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd("XINFO");
+        let fut = cmd.arg("STREAM").arg(SeatMapKeys::new(&self.prefix, event).log).query_async(&mut conn);
+        let info: HashMap<String, Value> = self.run(fut).await?;
+        // Every entry ever added is still there (trimming does not count as a deletion; the lengths tell).
+        let count = |field: &str| match info.get(field) {
+            Some(Value::Int(n)) => Some(*n),
+            _ => None,
+        };
+        Ok(matches!((count("entries-added"), count("length")), (Some(added), Some(length)) if added == length))
+    }
+
     /// The account's place, if it has one.
     pub async fn place_of(&self, event: i64, account: &str) -> Result<Option<u64>, StoreError> {
         let mut conn = self.conn.clone();

@@ -1,5 +1,6 @@
 //! One fan's journey, as a goose transaction: join the queue, poll at the server's pace until admitted, load
-//! the event and the seat map, hold seats (retrying around the seat a 409 names), check out with an
+//! the event and the seat map's status (the live map, `crate::map`, keeps it current as the page's stream
+//! does), hold seats the map shows free (retrying around the seat a 409 names), check out with an
 //! Idempotency-Key, and pay (booking opens the payment at the provider; the fan completes it there; the
 //! provider calls booking back, signed). Some fans close the tab while queued, let their hold expire, or never
 //! pay (the order lapses at its deadline).
@@ -8,21 +9,22 @@
 //! limit (fans reach the gateway through a CDN that pools connections).
 
 use std::collections::HashSet;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use goose::prelude::*;
 use serde_json::{Value, json};
 use tokens::{AccountClaims, AccountId, unix_now};
 
-use crate::picker::{self, Layout};
+use crate::map::LiveMap;
+use crate::picker;
 use crate::run::{Confirmed, Run, Stats};
 
 /// The run every goose user of this process belongs to.
 pub static RUN: OnceLock<Run> = OnceLock::new();
 
-/// The event's seat layout, read from the first map a fan loads and shared (a CDN or browser would cache it).
-static LAYOUT: OnceLock<Layout> = OnceLock::new();
+/// The event's live seat map: its layout, and the followers' copies fans pick from.
+pub static MAP: OnceLock<Arc<LiveMap>> = OnceLock::new();
 
 /// An answer: status (0 when the request failed before one came), the raw body, and the body as JSON (Null
 /// if it is not, or when it was not asked for).
@@ -74,8 +76,7 @@ async fn send(
     if expected.contains(&status) {
         user.set_success(&mut goose.request)?;
     }
-    // Seat maps are large: they are read borrowed by the picker, never as a JSON value.
-    let body = if name == "seats" { Value::Null } else { serde_json::from_slice(&raw).unwrap_or(Value::Null) };
+    let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     Ok(Answer { status, raw, body })
 }
 
@@ -170,28 +171,23 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
         &[200],
     )
     .await?;
-    let map = send(
+    // The map's status, as the page reads it before it follows the stream (public: no proof).
+    let status = send(
         user,
         run,
-        "seats",
+        "map status",
         GooseMethod::Get,
-        &format!("/events/{event}/seats"),
-        |b| b.header("authorization", &auth),
+        &format!("/events/{event}/seats/status"),
+        |b| b.header("x-forwarded-for", &fan.ip),
         &[200],
     )
     .await?;
-    if map.status != 200 {
-        return Ok(());
+    run.stats.map_status(status.raw.len());
+    let Some(map) = MAP.get() else { return Ok(()) };
+    if !map.available(n).iter().any(|free| *free) {
+        // Admitted with nothing left to hold: the waiting room should not let this happen.
+        Stats::add(&run.stats.admitted_nothing_left);
     }
-    let layout = match LAYOUT.get() {
-        Some(layout) => layout,
-        None => match Layout::parse(&map.raw) {
-            Ok(layout) => LAYOUT.get_or_init(|| layout),
-            Err(_) => return Ok(()),
-        },
-    };
-    let Ok(available) = layout.available(&map.raw) else { return Ok(()) };
-    drop(map);
     tokio::time::sleep(think(run)).await;
 
     // Hold: pick, and on a 409 try again around the seat it names.
@@ -200,7 +196,9 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
     let mut taken: HashSet<i64> = HashSet::new();
     let mut hold = None;
     for _ in 0..s.hold_attempts {
-        let Some(seats) = layout.pick(&available, &taken, party, best, rand::random(), rand::random()) else {
+        // The page's copy of the map, as live as its stream keeps it.
+        let available = map.available(n);
+        let Some(seats) = map.layout.pick(&available, &taken, party, best, rand::random(), rand::random()) else {
             break;
         };
         let started = Instant::now();

@@ -7,6 +7,7 @@
 
 mod check;
 mod fan;
+mod map;
 mod picker;
 mod run;
 
@@ -74,6 +75,9 @@ struct OnsaleArgs {
     /// Longest think time, ms.
     #[arg(long, default_value_t = 1500)]
     think_max_ms: u64,
+    /// Followers of the seat map's stream: each keeps a page's copy of the map, and fans pick from them in turn.
+    #[arg(long, default_value_t = 50)]
+    map_streams: usize,
     /// Holds a fan tries (around the seats 409s name) before giving up.
     #[arg(long, default_value_t = 5)]
     hold_attempts: u32,
@@ -163,6 +167,12 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         anyhow::bail!("one run per process");
     }
     let run = fan::RUN.get().context("the run")?;
+    let map = map::LiveMap::start(&args.gateway, args.event, args.map_streams)
+        .await
+        .context("reading the event's seat map (layout and status) through the gateway")?;
+    if fan::MAP.set(map.clone()).is_err() {
+        anyhow::bail!("one map per process");
+    }
     eprintln!(
         "on-sale: {} fans arriving over {} s at {} (event {}), {} connections; report in {}",
         args.fans,
@@ -182,7 +192,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
             let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
             let p = run::Process::now();
             eprintln!(
-                "  {:>5.0} s  joined {:>6}  admitted {:>6}  held {:>6}  orders {:>6}  seats sold {:>6}  conflicts {:>6}  told sold out {:>6}  (cpu {:.0} s, peak {:.0} MiB)",
+                "  {:>5.0} s  joined {:>6}  admitted {:>6}  held {:>6}  orders {:>6}  seats sold {:>6}  conflicts {:>6}  told sold out {:>6}  map deltas {:>6}  (cpu {:.0} s, peak {:.0} MiB)",
                 run.started.elapsed().as_secs_f64(),
                 get(&s.joined),
                 get(&s.admitted),
@@ -191,6 +201,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
                 get(&s.seats_sold),
                 get(&s.conflicts),
                 get(&s.sold_out_told),
+                fan::MAP.get().map_or(0, |m| get(&m.stats.deltas)),
                 p.cpu_seconds,
                 p.peak_memory_mib,
             );
@@ -220,7 +231,8 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
     let wall = run.started.elapsed();
     result.with_context(|| format!("the run did not end within {} s", bound.as_secs()))?.context("the goose run")?;
 
-    let summary = run.stats.summary(wall, &run.settings);
+    let agreement = map.agreement().await;
+    let summary = run.stats.summary(wall, &run.settings, Some((&map, agreement)));
     let confirmed = run.stats.take_confirmed();
     let mut orders = String::new();
     for c in &confirmed {
@@ -246,11 +258,12 @@ fn render(s: &Summary, fans: usize) -> String {
          | holds | {} |\n| hold conflicts (409) | {} |\n| gave up (no seats left to try) | {} |\n\
          | holds left to expire | {} |\n| orders | {} |\n| seats sold | {} |\n| checkouts refused | {} |\n\
          | orders paid | {} |\n| orders left unpaid | {} |\n| payments not confirmed | {} |\n\
-         | told sold out while queued | {} |\n| first admission to last order | {} |\n\
+         | told sold out while queued | {} |\n| left the queue after --max-wait-seconds | {} |\n\
+         | first admission to last order | {} |\n\
          | queue wait p50 / p95 / p99 | {} |\n| hold latency p50 / p95 / p99 | {} |\n\
          | checkout latency p50 / p95 / p99 | {} |\n\
          | payment (open, pay, webhook) p50 / p95 / p99 | {} |\n| 5xx answers | {} |\n\
-         | load generator CPU / peak memory | {:.1} s / {:.0} MiB |\n\n## Answers by request and status\n\n",
+         | load generator CPU / peak memory | {:.1} s / {:.0} MiB |\n\n",
         s.event,
         s.wall_seconds,
         s.joined,
@@ -268,6 +281,7 @@ fn render(s: &Summary, fans: usize) -> String {
         s.orders_left_unpaid,
         s.payments_failed,
         s.told_sold_out,
+        s.timed_out_in_queue,
         opt(s.first_admission_to_last_order_seconds, " s"),
         pct(&s.queue_wait_ms),
         pct(&s.hold_ms),
@@ -277,6 +291,34 @@ fn render(s: &Summary, fans: usize) -> String {
         s.process.cpu_seconds,
         s.process.peak_memory_mib,
     );
+    let ratio = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+    out = out.replace(
+        "| gave up (no seats left to try) |",
+        &format!(
+            "| hold conflicts per seat sold | {} |\n| admitted with nothing left to hold | {} |\n| gave up (no seats left to try) |",
+            ratio(s.conflicts_per_seat_sold),
+            s.admitted_with_nothing_left
+        ),
+    );
+    if let Some(m) = &s.live_map {
+        out.push_str(&format!(
+            "## Live seat map\n\n| what | figure |\n|---|---|\n\
+             | delta latency (commit to receipt) p50 / p95 / p99 | {} |\n| deltas received | {} |\n\
+             | layout (read once, cacheable) | {} bytes |\n| status, per fan | {} bytes |\n\
+             | stream, per follower per minute | {} bytes |\n| followers (copies agreeing with the status at the end) | {} ({}) |\n\
+             | resyncs / reconnects | {} / {} |\n\n",
+            pct(&m.delta_latency_ms),
+            m.deltas,
+            m.layout_bytes,
+            m.status_bytes_per_fan,
+            m.stream_bytes_per_minute,
+            m.streams,
+            m.copies_agreeing_at_the_end,
+            m.resyncs,
+            m.reconnects,
+        ));
+    }
+    out.push_str("## Answers by request and status\n\n");
     for (k, n) in &s.statuses {
         out.push_str(&format!("- {k}: {n}\n"));
     }

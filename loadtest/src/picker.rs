@@ -2,68 +2,77 @@
 //! collide; a party wants seats side by side in one row; seats a 409 named, or the map showed taken, are
 //! avoided. Pure: the randomness comes in as arguments, so it is tested without a server.
 //!
-//! The map's layout (sections, rows, numbers, prices) is static, so the process reads it once and shares it,
-//! as a browser or CDN caches it; each fan keeps only which seats its copy of the map showed available (one
-//! flag per seat). A 20,000-seat map is 4 MB of JSON: parsing it borrowed, never into owned values, keeps
-//! 20,000 fans within memory.
+//! The map's layout (sections, rows, numbers, prices) is static: the process reads it once from booking's
+//! layout answer and shares it, as a browser or CDN caches it; which seats are free comes from the live map
+//! (`crate::map`), one flag per seat.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Deserialize;
 
-/// One seat-map entry, borrowed from the response body.
+/// Booking's layout answer (`GET /events/{id}/seats/layout/{version}`): one array per field.
 #[derive(Debug, Deserialize)]
-struct SeatIn<'a> {
-    seat_id: i64,
-    #[serde(borrow)]
-    section: &'a str,
-    #[serde(borrow)]
-    row: &'a str,
-    number: i32,
-    price_cents: i64,
-    #[serde(borrow)]
-    status: &'a str,
+struct LayoutIn {
+    ticket_types: Vec<TicketTypeIn>,
+    seats: SeatsIn,
 }
 
 #[derive(Debug, Deserialize)]
-struct MapIn<'a> {
-    #[serde(borrow)]
-    seats: Vec<SeatIn<'a>>,
+struct TicketTypeIn {
+    ticket_type_id: i64,
+    price_cents: i64,
+}
+
+#[derive(Debug, Deserialize)]
+struct SeatsIn {
+    seat_id: Vec<i64>,
+    section: Vec<u32>,
+    row: Vec<String>,
+    number: Vec<i32>,
+    ticket_type_id: Vec<i64>,
 }
 
 /// The static part of an event's map, shared by every fan.
 #[derive(Debug)]
 pub struct Layout {
-    /// Seat ids, in map order (a seat's position indexes every per-seat vector).
+    /// Seat ids, in map order (a seat's position indexes every per-seat vector, and the status's entries).
     ids: Vec<i64>,
     position: HashMap<i64, usize>,
     /// Rows: positions sorted by seat number, with their section.
     rows: Vec<(usize, Vec<usize>)>,
-    /// Sections, dearest first: (name, price of its dearest seat).
-    sections: Vec<(String, i64)>,
+    /// Sections by index: the price of its dearest seat.
+    sections: Vec<i64>,
     number: Vec<i32>,
 }
 
-/// Which seats one fan's copy of the map showed available, by position.
+/// Which seats one fan's copy of the map shows available, by position.
 pub type Available = Vec<bool>;
 
 impl Layout {
-    /// Reads the layout from a seat-map body.
+    /// Reads booking's layout answer.
     pub fn parse(body: &[u8]) -> Result<Layout, serde_json::Error> {
-        let map: MapIn = serde_json::from_slice(body)?;
-        let mut section_index: HashMap<&str, usize> = HashMap::new();
-        let mut section_price: Vec<(String, i64)> = Vec::new();
-        let mut rows: BTreeMap<(usize, &str), Vec<usize>> = BTreeMap::new();
-        for (pos, s) in map.seats.iter().enumerate() {
-            let next = section_index.len();
-            let section = *section_index.entry(s.section).or_insert(next);
-            if section == section_price.len() {
-                section_price.push((s.section.to_owned(), 0));
-            }
-            section_price[section].1 = section_price[section].1.max(s.price_cents);
-            rows.entry((section, s.row)).or_default().push(pos);
+        let layout: LayoutIn = serde_json::from_slice(body)?;
+        let seats = layout.seats;
+        let n = seats.seat_id.len();
+        if [seats.section.len(), seats.row.len(), seats.number.len(), seats.ticket_type_id.len()]
+            .iter()
+            .any(|l| *l != n)
+        {
+            return Err(serde::de::Error::custom("the layout's arrays differ in length"));
         }
-        let number: Vec<i32> = map.seats.iter().map(|s| s.number).collect();
+        let price: HashMap<i64, i64> = layout.ticket_types.iter().map(|t| (t.ticket_type_id, t.price_cents)).collect();
+        let mut sections: Vec<i64> = Vec::new();
+        let mut rows: BTreeMap<(usize, &str), Vec<usize>> = BTreeMap::new();
+        for pos in 0..n {
+            let section = seats.section[pos] as usize;
+            if sections.len() <= section {
+                sections.resize(section + 1, 0);
+            }
+            let cents = price.get(&seats.ticket_type_id[pos]).copied().unwrap_or(0);
+            sections[section] = sections[section].max(cents);
+            rows.entry((section, seats.row[pos].as_str())).or_default().push(pos);
+        }
+        let number = seats.number.clone();
         let rows = rows
             .into_iter()
             .map(|((section, _), mut positions)| {
@@ -71,23 +80,18 @@ impl Layout {
                 (section, positions)
             })
             .collect();
-        let ids: Vec<i64> = map.seats.iter().map(|s| s.seat_id).collect();
-        let position = ids.iter().enumerate().map(|(p, id)| (*id, p)).collect();
-        Ok(Layout { ids, position, rows, sections: section_price, number })
+        let position = seats.seat_id.iter().enumerate().map(|(p, id)| (*id, p)).collect();
+        Ok(Layout { ids: seats.seat_id, position, rows, sections, number })
     }
 
-    /// Which seats a seat-map body shows available (seats unknown to the layout are ignored).
-    pub fn available(&self, body: &[u8]) -> Result<Available, serde_json::Error> {
-        let map: MapIn = serde_json::from_slice(body)?;
-        let mut available = vec![false; self.ids.len()];
-        for (i, s) in map.seats.iter().enumerate() {
-            let pos =
-                if self.ids.get(i) == Some(&s.seat_id) { Some(i) } else { self.position.get(&s.seat_id).copied() };
-            if let Some(pos) = pos {
-                available[pos] = s.status == "available";
-            }
-        }
-        Ok(available)
+    /// How many seats the layout has (and the status has entries).
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// A seat's position in the layout.
+    pub fn position(&self, seat: i64) -> Option<usize> {
+        self.position.get(&seat).copied()
     }
 
     /// Picks `party` seats. `best` fans take one of the three dearest sections with room, others any section
@@ -111,7 +115,7 @@ impl Layout {
         if candidates.is_empty() {
             return None;
         }
-        candidates.sort_by(|a, b| self.sections[*b].1.cmp(&self.sections[*a].1).then(a.cmp(b)));
+        candidates.sort_by(|a, b| self.sections[*b].cmp(&self.sections[*a]).then(a.cmp(b)));
         let limit = if best { candidates.len().min(3) } else { candidates.len() };
         let section = candidates[((choice * limit as f64) as usize).min(limit - 1)];
         let rows: Vec<&Vec<usize>> = self.rows.iter().filter(|(s, _)| *s == section).map(|(_, p)| p).collect();
@@ -147,28 +151,39 @@ pub fn party_size(roll: f64) -> usize {
 mod tests {
     use super::*;
 
-    /// Three sections (A dearest), two rows of five each; seat ids 1..=30 in map order.
-    fn body(held: &[i64]) -> Vec<u8> {
-        let mut seats = Vec::new();
+    /// Three sections (A dearest), two rows of five each; seat ids 1..=30 in map order, as booking's layout.
+    fn layout() -> Layout {
+        let (mut ids, mut section, mut row, mut number, mut ticket) = (vec![], vec![], vec![], vec![], vec![]);
         let mut id = 0;
-        for (section, price) in [("A", 12000), ("B", 7500), ("C", 4500)] {
-            for row in ["1", "2"] {
-                for number in 1..=5 {
+        for (s, t) in [(0, 1), (1, 2), (2, 3)] {
+            for r in ["1", "2"] {
+                for n in 1..=5 {
                     id += 1;
-                    let status = if held.contains(&id) { "held" } else { "available" };
-                    seats.push(serde_json::json!({
-                        "seat_id": id, "section": section, "row": row, "number": number,
-                        "price_cents": price, "status": status, "label": format!("{section} {row} {number}"),
-                    }));
+                    ids.push(id);
+                    section.push(s);
+                    row.push(r);
+                    number.push(n);
+                    ticket.push(t);
                 }
             }
         }
-        serde_json::to_vec(&serde_json::json!({ "event_id": 1, "version": 1, "seats": seats })).expect("json")
+        let body = serde_json::json!({
+            "event_id": 1, "catalogue_version": 1, "currency": "EUR", "sections": ["A", "B", "C"],
+            "ticket_types": [
+                {"ticket_type_id": 1, "name": "A", "price_cents": 12000},
+                {"ticket_type_id": 2, "name": "B", "price_cents": 7500},
+                {"ticket_type_id": 3, "name": "C", "price_cents": 4500},
+            ],
+            "seats": {"seat_id": ids, "label": ids.iter().map(|i| format!("seat {i}")).collect::<Vec<_>>(),
+                "section": section, "row": row, "number": number, "x": number, "y": number,
+                "accessible": vec![false; 30], "ticket_type_id": ticket},
+        });
+        Layout::parse(&serde_json::to_vec(&body).expect("json")).expect("layout")
     }
 
     fn setup(held: &[i64]) -> (Layout, Available) {
-        let layout = Layout::parse(&body(&[])).expect("layout");
-        let available = layout.available(&body(held)).expect("available");
+        let layout = layout();
+        let available = (1..=30).map(|id| !held.contains(&id)).collect();
         (layout, available)
     }
 
@@ -201,6 +216,15 @@ mod tests {
         let taken: HashSet<i64> = (1..=30).collect();
         assert_eq!(layout.pick(&available, &taken, 1, true, 0.5, 0.5), None);
         assert!(layout.pick(&available, &HashSet::new(), 11, false, 0.5, 0.5).is_none());
+    }
+
+    #[test]
+    fn a_layout_whose_arrays_differ_in_length_is_refused() {
+        let body = br#"{"ticket_types": [], "seats": {"seat_id": [1, 2], "section": [0], "row": ["A", "A"],
+            "number": [1, 2], "ticket_type_id": [1, 1]}}"#;
+        assert!(Layout::parse(body).is_err());
+        assert_eq!(layout().len(), 30);
+        assert_eq!(layout().position(7), Some(6));
     }
 
     #[test]

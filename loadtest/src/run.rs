@@ -10,6 +10,8 @@ use serde::Serialize;
 use tokens::Keyring;
 use tokio::sync::Semaphore;
 
+use crate::map::LiveMap;
+
 /// What a run is told.
 pub struct Settings {
     pub event: i64,
@@ -64,6 +66,11 @@ pub struct Stats {
     pub unpaid: AtomicU64,
     pub payment_failed: AtomicU64,
     pub timed_out: AtomicU64,
+    /// Fans admitted when their map showed nothing left to hold.
+    pub admitted_nothing_left: AtomicU64,
+    /// Status answers fans read, and their bytes.
+    pub map_statuses: AtomicU64,
+    pub map_status_bytes: AtomicU64,
     timings: Mutex<Timings>,
 }
 
@@ -103,6 +110,12 @@ impl Stats {
         });
     }
 
+    /// A fan read the map's status (`bytes` as they came over the wire).
+    pub fn map_status(&self, bytes: usize) {
+        Self::add(&self.map_statuses);
+        self.map_status_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     pub fn hold_latency(&self, took: Duration) {
         self.with(|t| t.hold_ms.push(took.as_micros() as u64));
     }
@@ -132,8 +145,9 @@ impl Stats {
         self.timings.lock().map(|mut t| std::mem::take(&mut t.confirmed)).unwrap_or_default()
     }
 
-    /// The summary of the run so far.
-    pub fn summary(&self, wall: Duration, settings: &Settings) -> Summary {
+    /// The summary of the run so far, with what the live map's followers measured and how many of their copies
+    /// agreed with the status at the end.
+    pub fn summary(&self, wall: Duration, settings: &Settings, map: Option<(&LiveMap, (usize, usize))>) -> Summary {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let t = self.timings.lock().map(|t| Timings {
             queue_wait_ms: t.queue_wait_ms.clone(),
@@ -155,6 +169,23 @@ impl Stats {
             _ => None,
         };
         let server_errors = t.statuses.iter().filter(|(k, _)| is_5xx(k)).map(|(_, v)| v).sum();
+        let (conflicts, seats_sold) = (get(&self.conflicts), get(&self.seats_sold));
+        let statuses = get(&self.map_statuses);
+        let live_map = map.map(|(m, (agreeing, compared))| {
+            let minutes = wall.as_secs_f64() / 60.0;
+            let streams = compared.max(1) as f64;
+            MapFigures {
+                layout_bytes: m.layout_bytes as u64,
+                status_bytes_per_fan: get(&self.map_status_bytes).checked_div(statuses).unwrap_or(0),
+                streams: compared as u64,
+                stream_bytes_per_minute: (get(&m.stats.stream_bytes) as f64 / streams / minutes.max(1e-9)) as u64,
+                deltas: get(&m.stats.deltas),
+                resyncs: get(&m.stats.resyncs),
+                reconnects: get(&m.stats.reconnects),
+                copies_agreeing_at_the_end: agreeing as u64,
+                delta_latency_ms: Percentiles::of(m.stats.take_latencies()),
+            }
+        });
         Summary {
             event: settings.event,
             wall_seconds: wall.as_secs_f64(),
@@ -165,10 +196,12 @@ impl Stats {
             lapsed: get(&self.lapsed),
             told_sold_out: get(&self.sold_out_told),
             held: get(&self.held),
-            conflicts: get(&self.conflicts),
+            conflicts,
+            conflicts_per_seat_sold: (seats_sold > 0).then(|| conflicts as f64 / seats_sold as f64),
+            admitted_with_nothing_left: get(&self.admitted_nothing_left),
             gave_up: get(&self.gave_up),
             orders: get(&self.orders),
-            seats_sold: get(&self.seats_sold),
+            seats_sold,
             checkouts_refused: get(&self.checkout_refused),
             orders_paid: get(&self.paid),
             orders_left_unpaid: get(&self.unpaid),
@@ -184,6 +217,7 @@ impl Stats {
             payment_ms: Percentiles::of(t.payment_ms),
             statuses: t.statuses,
             server_errors,
+            live_map,
             process: Process::now(),
         }
     }
@@ -255,6 +289,10 @@ pub struct Summary {
     pub told_sold_out: u64,
     pub held: u64,
     pub conflicts: u64,
+    /// Hold conflicts (409) per seat sold.
+    pub conflicts_per_seat_sold: Option<f64>,
+    /// Fans admitted when their map showed nothing left to hold.
+    pub admitted_with_nothing_left: u64,
     pub gave_up: u64,
     pub orders: u64,
     pub seats_sold: u64,
@@ -275,7 +313,29 @@ pub struct Summary {
     /// Answers by request name and status.
     pub statuses: BTreeMap<String, u64>,
     pub server_errors: u64,
+    /// What the live seat map cost and how fresh it was.
+    pub live_map: Option<MapFigures>,
     pub process: Process,
+}
+
+/// The live seat map in a run.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct MapFigures {
+    /// The layout, read once (a CDN or the browser keeps it).
+    pub layout_bytes: u64,
+    /// One status answer, as a fan reads it.
+    pub status_bytes_per_fan: u64,
+    /// Followers of the stream (each a page's copy of the map).
+    pub streams: u64,
+    /// What one follower's stream carried per minute.
+    pub stream_bytes_per_minute: u64,
+    pub deltas: u64,
+    pub resyncs: u64,
+    pub reconnects: u64,
+    /// Copies equal to the status at the end (of `streams`).
+    pub copies_agreeing_at_the_end: u64,
+    /// From a change's commit (Redis's clock) to its receipt by a follower.
+    pub delta_latency_ms: Percentiles,
 }
 
 /// The whole run: settings, stats, the connection limit, and when it started.

@@ -4,7 +4,8 @@
 //! A fresh stream opens with a `version` event: the map version it starts after, and where to read the
 //! status (which shows some version at or past it, or earlier from a cache: then the client resumes from the
 //! status's version). A stream resumed with `Last-Event-ID` (or `?since=`, for a client that starts from a
-//! status) first replays the log from there. Then come `delta` events, and heartbeats. When the log no longer
+//! status) first replays the log from there. Then come `delta` events, each starting at the version after the
+//! last one sent, and heartbeats. When the log no longer
 //! reaches back far enough, or the subscriber falls behind, a `resync` event ends the stream: the client
 //! reloads the status and subscribes again from its version.
 
@@ -55,7 +56,11 @@ async fn catch_up(store: &QueueStore, event: i64, after: u64, upto: u64) -> Resu
     let mut at = after;
     while at < upto {
         let entries = store.map_log(event, at, CATCH_UP_COUNT).await?;
-        if entries.first().map(|e| e.version) != Some(at + 1) {
+        let Some(first) = entries.first().map(|e| e.version) else { return Ok(None) };
+        // A log starts at Redis's clock, not at 1: a client that has seen nothing (0) takes it from its start,
+        // as long as nothing was ever trimmed from it.
+        let starts_the_log = at == 0 && store.map_log_whole(event).await?;
+        if first != at + 1 && !starts_the_log {
             return Ok(None);
         }
         at = entries.last().map_or(at, |e| e.version);
@@ -136,18 +141,24 @@ pub async fn serve(
         if frame.from == 0 {
             out.push(frame.text.clone());
         } else if frame.to > last {
-            if frame.from > last + 1 {
-                // The feed began reading after this stream's start: the log has the versions in between.
-                match catch_up(store, event, last, frame.from - 1).await {
-                    Ok(Some(frames)) => out.extend(frames.into_iter().map(|f| f.text)),
+            if frame.from == last + 1 {
+                out.push(frame.text.clone());
+                last = frame.to;
+            } else {
+                // The frame starts past this stream's last version (the feed began reading after this stream
+                // started) or before it (it covers versions the replay already sent): the log has exactly the
+                // versions after `last`, so every delta a client gets starts at its version plus one.
+                match catch_up(store, event, last, frame.to).await {
+                    Ok(Some(frames)) => {
+                        last = frames.last().map_or(last, |f| f.to);
+                        out.extend(frames.into_iter().map(|f| f.text));
+                    }
                     Ok(None) | Err(_) => {
                         let _ = session.write_response_body(Some(seatmap::resync(event, "gap")), true).await;
                         return Ok(());
                     }
                 }
             }
-            out.push(frame.text.clone());
-            last = frame.to;
         }
         for text in out {
             if session.write_response_body(Some(text), false).await.is_err() {

@@ -182,6 +182,27 @@ async fn resuming_with_last_event_id_or_since_loses_nothing_and_a_stream_too_far
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_has_seen_nothing_is_replayed_the_whole_log_until_it_is_trimmed() {
+    let prefix = prefix();
+    let (gw, _upstream) = gateway(&prefix).await;
+    // Before the first change the map's version is 0; the log then starts at Redis's clock, not at 1.
+    let first = publish(&prefix, &["1:h"]).await;
+    let last = publish(&prefix, &["2:h"]).await;
+    let mut sub = Subscriber::open(&gw, "?since=0", None).await;
+    let (changes, spans) = sub.until(last).await;
+    assert_eq!(spans.first().map(|s| s.0), Some(first));
+    assert_contiguous(first - 1, &spans);
+    assert_eq!(changes, vec![(1, "h".to_owned()), (2, "h".to_owned())]);
+    // Once entries were trimmed, a client at 0 may have missed them.
+    let log = SeatMapKeys::new(&prefix, EVENT).log;
+    let _: i64 =
+        redis::cmd("XTRIM").arg(&log).arg("MAXLEN").arg(1).query_async(&mut redis().await).await.expect("XTRIM");
+    let mut sub = Subscriber::open(&gw, "?since=0", None).await;
+    let sse = sub.next().await.expect("an event");
+    assert_eq!((sse.event.as_str(), sse.data["reason"].as_str()), ("resync", Some("log_too_short")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_is_refused_clearly_for_an_unknown_event_a_bad_version_or_another_method() {
     let prefix = prefix();
     let (gw, _upstream) = gateway(&prefix).await;
