@@ -8,6 +8,7 @@
 mod check;
 mod fan;
 mod map;
+mod mapbench;
 mod picker;
 mod run;
 
@@ -38,6 +39,37 @@ enum Command {
     Onsale(Box<OnsaleArgs>),
     /// Check the invariants of a finished run against Postgres and Redis.
     Check(CheckArgs),
+    /// Load the live seat map: many stream subscribers while holds and releases go to booking, then a
+    /// reconnect storm (`deploy/bench-seatmap` runs it).
+    MapBench(MapBenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct MapBenchArgs {
+    /// The gateway's public URL (plain HTTP).
+    #[arg(long, env = "GATEWAY_URL", default_value = "http://127.0.0.1:18000")]
+    gateway: String,
+    /// Booking's URL, where the holds and releases go.
+    #[arg(long, env = "BOOKING_URL", default_value = "http://127.0.0.1:18080")]
+    booking: String,
+    /// The event (it must have a waiting room, and at least 100 free seats).
+    #[arg(long)]
+    event: i64,
+    /// Stream subscribers, each on its own connection.
+    #[arg(long, default_value_t = 10_000)]
+    subscribers: usize,
+    /// Seat changes a second (half holds, half their releases).
+    #[arg(long, default_value_t = 1_000)]
+    changes_per_second: u64,
+    /// How long the changes go on, in seconds.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Keyring that signs admission proofs (booking verifies them).
+    #[arg(long, env = "ADMISSION_KEYS", value_parser = secret)]
+    admission_keys: SecretString,
+    /// The gateway's process id, to read its memory per subscriber.
+    #[arg(long)]
+    gateway_pid: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -128,6 +160,20 @@ async fn main() {
 async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Onsale(args) => onsale(*args).await,
+        Command::MapBench(args) => {
+            anyhow::ensure!(args.subscribers > 0 && args.seconds > 0, "--subscribers and --seconds must be at least 1");
+            mapbench::run(mapbench::Bench {
+                gateway: args.gateway,
+                booking: args.booking,
+                event: args.event,
+                subscribers: args.subscribers,
+                changes_per_second: args.changes_per_second,
+                seconds: args.seconds,
+                admission: Keyring::parse(args.admission_keys.expose_secret()).context("ADMISSION_KEYS")?,
+                gateway_pid: args.gateway_pid,
+            })
+            .await
+        }
         Command::Check(args) => {
             check::run(&check::Target {
                 database_url: args.database_url.expose_secret(),

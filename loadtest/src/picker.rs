@@ -89,6 +89,11 @@ impl Layout {
         self.ids.len()
     }
 
+    /// The seat at a position.
+    pub fn id(&self, pos: usize) -> Option<i64> {
+        self.ids.get(pos).copied()
+    }
+
     /// A seat's position in the layout.
     pub fn position(&self, seat: i64) -> Option<usize> {
         self.position.get(&seat).copied()

@@ -1,0 +1,313 @@
+//! `loadtest map-bench`: the live seat map under load. Many subscribers of one gateway's stream (raw sockets,
+//! the lightest client there is, so the gateway is what is measured) while holds and releases go to booking
+//! at a set rate; then every subscriber drops and comes back at once with `Last-Event-ID`. It reports how late
+//! deltas arrived (from the change's commit, Redis's clock, to receipt), how many subscribers saw every
+//! change, the gateway's memory per subscriber, the reconnect storm, and the status's size.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::future::join_all;
+use serde_json::json;
+use tokens::{AccountId, AdmissionClaims, Keyring, unix_now};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::map::read_status;
+use crate::picker::Layout;
+
+/// What the bench is told.
+pub struct Bench {
+    pub gateway: String,
+    pub booking: String,
+    pub event: i64,
+    pub subscribers: usize,
+    pub changes_per_second: u64,
+    pub seconds: u64,
+    pub admission: Keyring,
+    pub gateway_pid: Option<u32>,
+}
+
+/// Delta latency histogram: one bucket per millisecond up to ten seconds (the last bucket holds the rest).
+struct Histogram {
+    buckets: Vec<AtomicU64>,
+}
+
+impl Histogram {
+    fn new() -> Self {
+        Self { buckets: (0..10_001).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    fn record(&self, ms: u64) {
+        self.buckets[(ms as usize).min(10_000)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+
+    /// The smallest bucket (ms) at or below which `q` of the samples fall.
+    fn quantile(&self, q: f64) -> u64 {
+        let total = self.count();
+        let wanted = ((total as f64) * q).ceil() as u64;
+        let mut seen = 0;
+        for (ms, b) in self.buckets.iter().enumerate() {
+            seen += b.load(Ordering::Relaxed);
+            if seen >= wanted.max(1) {
+                return ms as u64;
+            }
+        }
+        10_000
+    }
+}
+
+/// One subscriber's state, shared with the report.
+struct Sub {
+    /// The last version its deltas reached.
+    version: AtomicU64,
+    resyncs: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Host and port of an `http://host:port` URL.
+fn host_port(url: &str) -> anyhow::Result<(String, u16)> {
+    let rest = url.strip_prefix("http://").context("the gateway URL must be http://host:port")?;
+    let hostport = rest.split('/').next().unwrap_or(rest);
+    let (host, port) = hostport.rsplit_once(':').context("the gateway URL needs a port")?;
+    Ok((host.to_owned(), port.parse().context("port")?))
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()
+}
+
+/// Opens one subscription; returns the socket once the answer's head arrived (200), with what came after it.
+async fn subscribe(addr: &(String, u16), event: i64, i: usize, resume: Option<u64>, since: u64) -> anyhow::Result<(TcpStream, String)> {
+    let mut sock = TcpStream::connect((addr.0.as_str(), addr.1)).await?;
+    let start = match resume {
+        Some(v) => format!("last-event-id: {v}\r\n"),
+        None => String::new(),
+    };
+    let query = if resume.is_some() { String::new() } else { format!("?since={since}") };
+    let request = format!(
+        "GET /events/{event}/seats/stream{query} HTTP/1.1\r\nhost: {}\r\naccept: text/event-stream\r\n\
+         x-forwarded-for: 10.{}.{}.{}\r\n{start}\r\n",
+        addr.0,
+        (i >> 16) & 0xff,
+        (i >> 8) & 0xff,
+        i & 0xff
+    );
+    sock.write_all(request.as_bytes()).await?;
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 512];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), sock.read(&mut buf)).await??;
+        anyhow::ensure!(n > 0, "closed before the head");
+        head.extend_from_slice(&buf[..n]);
+        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            let text = String::from_utf8_lossy(&head);
+            anyhow::ensure!(text.starts_with("HTTP/1.1 200"), "{}", text.lines().next().unwrap_or(""));
+            return Ok((sock, String::from_utf8_lossy(&head[end + 4..]).into_owned()));
+        }
+    }
+}
+
+/// Reads a subscription until it closes or `stop` is set, recording each delta's lateness.
+async fn read(mut sock: TcpStream, mut pending: String, sub: Arc<Sub>, hist: Arc<Histogram>, stop: Arc<AtomicBool>) {
+    let mut buf = vec![0u8; 8192];
+    while !stop.load(Ordering::Relaxed) {
+        let n = match tokio::time::timeout(Duration::from_millis(500), sock.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            Ok(_) => return,
+            Err(_) => continue,
+        };
+        let received = now_ms();
+        pending.push_str(&String::from_utf8_lossy(&buf[..n]));
+        // Chunked framing lines are noise here: events are found by their own lines.
+        while let Some(end) = pending.find("\n\n") {
+            let block: String = pending.drain(..end + 2).collect();
+            if block.contains("event: resync") {
+                sub.resyncs.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else { continue };
+            if let (Some(version), Some(at)) = (v["version"].as_u64(), v["at"].as_u64()) {
+                hist.record(received.saturating_sub(at));
+                sub.version.fetch_max(version, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Runs the bench and prints its report (markdown).
+pub async fn run(b: Bench) -> anyhow::Result<()> {
+    let addr = host_port(&b.gateway)?;
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+    let status = read_status(&client, &b.gateway, b.event).await.context("the event's status")?;
+    let layout_body = client.get(format!("{}{}", b.gateway, status.layout)).send().await?.bytes().await?;
+    let layout = Layout::parse(&layout_body).context("the layout")?;
+    let seats: Vec<i64> = (0..layout.len()).filter(|p| status.statuses[*p] == 0).filter_map(|p| layout.id(p)).collect();
+    anyhow::ensure!(seats.len() >= 100, "the event needs at least 100 free seats");
+
+    let hist = Arc::new(Histogram::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let subs: Vec<Arc<Sub>> =
+        (0..b.subscribers).map(|_| Arc::new(Sub { version: AtomicU64::new(0), resyncs: AtomicU64::new(0) })).collect();
+    let rss_before = b.gateway_pid.and_then(rss_kib);
+    eprintln!("map-bench: opening {} subscriptions", b.subscribers);
+    let opened = Instant::now();
+    let mut tasks = Vec::with_capacity(b.subscribers);
+    for wave in (0..b.subscribers).collect::<Vec<_>>().chunks(500) {
+        let results = join_all(wave.iter().map(|&i| subscribe(&addr, b.event, i, None, status.version))).await;
+        for (&i, result) in wave.iter().zip(results) {
+            let (sock, rest) = result.with_context(|| format!("subscription {i}"))?;
+            subs[i].version.store(status.version, Ordering::Relaxed);
+            tasks.push(tokio::spawn(read(sock, rest, subs[i].clone(), hist.clone(), stop.clone())));
+        }
+    }
+    let open_seconds = opened.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_during = b.gateway_pid.and_then(rss_kib);
+
+    eprintln!("map-bench: {} changes a second for {} s", b.changes_per_second, b.seconds);
+    let changes = produce(&b, &client, &seats).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let last = read_status(&client, &b.gateway, b.event).await.map(|s| s.version).unwrap_or(0);
+    let caught_up = subs.iter().filter(|s| s.version.load(Ordering::Relaxed) >= last).count();
+    let samples = hist.count();
+    let (p50, p95, p99, max) = (hist.quantile(0.50), hist.quantile(0.95), hist.quantile(0.99), hist.quantile(1.0));
+
+    // The storm: every subscriber drops and comes back at once, resuming from the last version it saw.
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    stop.store(false, Ordering::Relaxed);
+    let storm_hist = Arc::new(Histogram::new());
+    let storm = Instant::now();
+    let resumed = AtomicUsize::new(0);
+    let mut tasks = Vec::with_capacity(b.subscribers);
+    let results = join_all((0..b.subscribers).map(|i| {
+        let since = subs[i].version.load(Ordering::Relaxed);
+        let addr = &addr;
+        async move { (i, subscribe(addr, b.event, i, Some(since), since).await) }
+    }))
+    .await;
+    for (i, result) in results {
+        if let Ok((sock, rest)) = result {
+            resumed.fetch_add(1, Ordering::Relaxed);
+            tasks.push(tokio::spawn(read(sock, rest, subs[i].clone(), storm_hist.clone(), stop.clone())));
+        }
+    }
+    let storm_seconds = storm.elapsed().as_secs_f64();
+    // One more change: each resumed subscriber must receive it, without a resync.
+    let resyncs_before: u64 = subs.iter().map(|s| s.resyncs.load(Ordering::Relaxed)).sum();
+    produce_one(&b, &client, seats[0]).await?;
+    let after = read_status(&client, &b.gateway, b.event).await.map(|s| s.version).unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while subs.iter().any(|s| s.version.load(Ordering::Relaxed) < after) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let storm_caught_up = subs.iter().filter(|s| s.version.load(Ordering::Relaxed) >= after).count();
+    let storm_resyncs: u64 = subs.iter().map(|s| s.resyncs.load(Ordering::Relaxed)).sum::<u64>() - resyncs_before;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+
+    let (plain, gzip) = status_sizes(&b).await?;
+    let per_sub = match (rss_before, rss_during) {
+        (Some(a), Some(b2)) => format!("{:.1} KiB", b2.saturating_sub(a) as f64 / b.subscribers as f64),
+        _ => "- (no --gateway-pid)".to_owned(),
+    };
+    println!(
+        "| what | figure |\n|---|---|\n\
+         | subscribers (opened in) | {} ({open_seconds:.1} s) |\n\
+         | changes made (holds and releases through booking) | {changes} in {} s |\n\
+         | delta latency, commit to receipt, p50 / p95 / p99 / max | {p50} / {p95} / {p99} / {max} ms ({samples} deltas received) |\n\
+         | subscribers that saw the last version | {caught_up} of {} |\n\
+         | gateway memory per subscriber | {per_sub} |\n\
+         | reconnect storm: resumed with Last-Event-ID | {} of {} in {storm_seconds:.1} s; {storm_caught_up} then got the next change; {storm_resyncs} resyncs |\n\
+         | status for {} seats | {plain} bytes, {gzip} gzipped |",
+        b.subscribers,
+        b.seconds,
+        b.subscribers,
+        resumed.load(Ordering::Relaxed),
+        b.subscribers,
+        layout.len(),
+    );
+    Ok(())
+}
+
+/// An admission proof for a bench account (booking checks it as the gateway's).
+fn proof(b: &Bench, account: &str) -> anyhow::Result<String> {
+    let claims = AdmissionClaims::new(AccountId::parse(account)?, b.event, unix_now(), 3600);
+    Ok(b.admission.sign(&claims))
+}
+
+/// Holds and releases seats through booking at `changes_per_second` for `seconds`: each hold of one seat is one
+/// change, its release another. Returns the changes made.
+async fn produce(b: &Bench, client: &reqwest::Client, seats: &[i64]) -> anyhow::Result<u64> {
+    let made = Arc::new(AtomicU64::new(0));
+    let pairs = (b.changes_per_second / 2).max(1);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / pairs as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let end = Instant::now() + Duration::from_secs(b.seconds);
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(64));
+    let mut n = 0usize;
+    while Instant::now() < end {
+        tick.tick().await;
+        let seat = seats[n % seats.len()];
+        let account = format!("mapbench-{}", n % 10_000);
+        n += 1;
+        let (client, made, permit) = (client.clone(), made.clone(), in_flight.clone().acquire_owned().await?);
+        let auth = format!("Bearer {}", proof(b, &account)?);
+        let base = format!("{}/events/{}/holds", b.booking, b.event);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let Ok(res) = client.post(&base).header("authorization", &auth).json(&json!({ "seat_ids": [seat] })).send().await
+            else {
+                return;
+            };
+            if res.status().as_u16() != 201 {
+                return;
+            }
+            made.fetch_add(1, Ordering::Relaxed);
+            let Ok(body) = res.json::<serde_json::Value>().await else { return };
+            let Some(token) = body["hold_token"].as_str() else { return };
+            if client.delete(format!("{base}/{token}")).header("authorization", &auth).send().await.is_ok() {
+                made.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    let _ = in_flight.acquire_many(64).await;
+    Ok(made.load(Ordering::Relaxed))
+}
+
+/// One hold and its release.
+async fn produce_one(b: &Bench, client: &reqwest::Client, seat: i64) -> anyhow::Result<()> {
+    let auth = format!("Bearer {}", proof(b, "mapbench-storm")?);
+    let base = format!("{}/events/{}/holds", b.booking, b.event);
+    let res = client.post(&base).header("authorization", &auth).json(&json!({ "seat_ids": [seat] })).send().await?;
+    let body: serde_json::Value = res.json().await?;
+    if let Some(token) = body["hold_token"].as_str() {
+        client.delete(format!("{base}/{token}")).header("authorization", &auth).send().await?;
+    }
+    Ok(())
+}
+
+/// The status's size as it comes: plain, and gzipped (asked for with Accept-Encoding).
+async fn status_sizes(b: &Bench) -> anyhow::Result<(usize, usize)> {
+    let client = reqwest::Client::builder().build()?;
+    let url = format!("{}/events/{}/seats/status", b.gateway, b.event);
+    let plain = client.get(&url).send().await?.bytes().await?.len();
+    let gzip = client.get(&url).header("accept-encoding", "gzip").send().await?.bytes().await?.len();
+    Ok((plain, gzip))
+}
