@@ -200,11 +200,18 @@ pub async fn run(b: Bench) -> anyhow::Result<()> {
         async move { (i, subscribe(addr, b.event, i, Some(since), since).await) }
     }))
     .await;
+    let mut refusals: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for (i, result) in results {
-        if let Ok((sock, rest)) = result {
-            resumed.fetch_add(1, Ordering::Relaxed);
-            tasks.push(tokio::spawn(read(sock, rest, subs[i].clone(), storm_hist.clone(), stop.clone())));
+        match result {
+            Ok((sock, rest)) => {
+                resumed.fetch_add(1, Ordering::Relaxed);
+                tasks.push(tokio::spawn(read(sock, rest, subs[i].clone(), storm_hist.clone(), stop.clone())));
+            }
+            Err(e) => *refusals.entry(e.to_string()).or_default() += 1,
         }
+    }
+    if !refusals.is_empty() {
+        eprintln!("map-bench: resubscriptions refused: {refusals:?}");
     }
     let storm_seconds = storm.elapsed().as_secs_f64();
     // One more change: each resumed subscriber must receive it, without a resync.
