@@ -1,10 +1,12 @@
 //! `loadtest`: replays an on-sale with goose, then proves nothing was double-sold.
 //!
 //! `loadtest onsale` drives N fans (default 20,000) through the gateway: queue, seat map, hold, checkout and
-//! payment; it shows progress while it runs and writes goose's HTML report, `summary.json`, `summary.md` and
-//! `orders.jsonl` (every order a fan saw confirmed). `loadtest check` reads Postgres and Redis and asserts the
+//! payment; it shows progress while it runs and writes goose's HTML report, `charts.html` (the run over time,
+//! self-contained SVG), `summary.json`, `summary.md`, `series.json` and `orders.jsonl` (every order a fan saw
+//! confirmed). `loadtest check` reads Postgres and Redis and asserts the
 //! invariants, printing any offending rows. `deploy/onsale` runs both against the local stack.
 
+mod chart;
 mod check;
 mod fan;
 mod map;
@@ -107,6 +109,10 @@ struct OnsaleArgs {
     /// Longest think time, ms.
     #[arg(long, default_value_t = 1500)]
     think_max_ms: u64,
+    /// The room's admission rate, to draw beside the admissions it measures (the gateway's setting; the run
+    /// does not read it).
+    #[arg(long)]
+    admit_per_minute_setting: Option<u32>,
     /// Followers of the seat map's stream: each keeps a page's copy of the map, and fans pick from them in turn.
     #[arg(long, default_value_t = 50)]
     map_streams: usize,
@@ -116,7 +122,7 @@ struct OnsaleArgs {
     /// The longest any fan waits in the queue, seconds; also bounds the whole run (plus 300 s).
     #[arg(long, default_value_t = 1800)]
     max_wait_seconds: u64,
-    /// Output directory (report.html, summary.json, summary.md, orders.jsonl).
+    /// Output directory (report.html, charts.html, summary.json, summary.md, series.json, orders.jsonl).
     #[arg(long, default_value = "target/onsale")]
     out: PathBuf,
     /// Keyring that signs the fans' account tokens (the gateway verifies with it).
@@ -229,11 +235,13 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         args.out.display()
     );
 
+    run.stats.sample(Duration::ZERO, fan::MAP.get().map(|m| &**m));
     let progress = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         tick.tick().await;
         loop {
             tick.tick().await;
+            run.stats.sample(run.started.elapsed(), fan::MAP.get().map(|m| &**m));
             let s = &run.stats;
             let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
             let p = run::Process::now();
@@ -277,6 +285,13 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
     let wall = run.started.elapsed();
     result.with_context(|| format!("the run did not end within {} s", bound.as_secs()))?.context("the goose run")?;
 
+    run.stats.sample(wall, Some(&map));
+    let title = format!("On-sale run, event {}", args.event);
+    std::fs::write(
+        args.out.join("charts.html"),
+        chart::page(&title, &run.stats.series(), args.admit_per_minute_setting),
+    )?;
+    std::fs::write(args.out.join("series.json"), serde_json::to_string_pretty(&run.stats.series())?)?;
     let agreement = map.agreement().await;
     let summary = run.stats.summary(wall, &run.settings, Some((&map, agreement)));
     let confirmed = run.stats.take_confirmed();

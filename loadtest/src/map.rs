@@ -63,6 +63,11 @@ impl MapStats {
     pub fn take_latencies(&self) -> Vec<u64> {
         self.latencies_us.lock().map(|l| l.clone()).unwrap_or_default()
     }
+
+    /// Every latency recorded from index `from` on, and the index after the last.
+    pub fn latencies_since(&self, from: usize) -> (Vec<u64>, usize) {
+        self.latencies_us.lock().map(|l| (l.get(from..).unwrap_or_default().to_vec(), l.len())).unwrap_or_default()
+    }
 }
 
 /// The layout and the followers' copies.

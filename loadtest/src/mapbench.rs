@@ -88,7 +88,13 @@ fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 /// Opens one subscription; returns the socket once the answer's head arrived (200), with what came after it.
-async fn subscribe(addr: &(String, u16), event: i64, i: usize, resume: Option<u64>, since: u64) -> anyhow::Result<(TcpStream, String)> {
+async fn subscribe(
+    addr: &(String, u16),
+    event: i64,
+    i: usize,
+    resume: Option<u64>,
+    since: u64,
+) -> anyhow::Result<(TcpStream, String)> {
     let mut sock = TcpStream::connect((addr.0.as_str(), addr.1)).await?;
     let start = match resume {
         Some(v) => format!("last-event-id: {v}\r\n"),
@@ -279,7 +285,8 @@ async fn produce(b: &Bench, client: &reqwest::Client, seats: &[i64]) -> anyhow::
         let base = format!("{}/events/{}/holds", b.booking, b.event);
         tokio::spawn(async move {
             let _permit = permit;
-            let Ok(res) = client.post(&base).header("authorization", &auth).json(&json!({ "seat_ids": [seat] })).send().await
+            let Ok(res) =
+                client.post(&base).header("authorization", &auth).json(&json!({ "seat_ids": [seat] })).send().await
             else {
                 return;
             };

@@ -74,6 +74,20 @@ pub struct Stats {
     timings: Mutex<Timings>,
 }
 
+/// The run at one moment: totals so far, and the latencies of the window since the sample before.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Sample {
+    pub at_seconds: f64,
+    pub joined: u64,
+    pub admitted: u64,
+    /// Fans in the queue now (joined, and neither admitted nor gone).
+    pub waiting: u64,
+    pub seats_sold: u64,
+    pub hold_ms: Percentiles,
+    pub checkout_ms: Percentiles,
+    pub delta_ms: Percentiles,
+}
+
 #[derive(Default)]
 struct Timings {
     queue_wait_ms: Vec<u64>,
@@ -84,6 +98,9 @@ struct Timings {
     last_order_ms: u64,
     statuses: BTreeMap<String, u64>,
     confirmed: Vec<Confirmed>,
+    series: Vec<Sample>,
+    /// How far into `hold_ms`, `checkout_ms` and the map's latencies the last sample read.
+    sampled: (usize, usize, usize),
 }
 
 impl Stats {
@@ -141,6 +158,35 @@ impl Stats {
         self.with(|t| t.payment_ms.push(took.as_micros() as u64));
     }
 
+    /// Records where the run stands now, with the latencies since the last sample.
+    pub fn sample(&self, at: Duration, map: Option<&LiveMap>) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let (joined, admitted) = (get(&self.joined), get(&self.admitted));
+        let gone = get(&self.abandoned_queue) + get(&self.timed_out) + get(&self.sold_out_told) + get(&self.lapsed);
+        let from = self.timings.lock().map(|t| t.sampled.2).unwrap_or(0);
+        let (deltas, delta_end) = map.map_or((Vec::new(), from), |m| m.stats.latencies_since(from));
+        self.with(|t| {
+            let (h, c, _) = t.sampled;
+            let window = |v: &[u64], from: usize| Percentiles::of(v.get(from..).unwrap_or_default().to_vec());
+            let sample = Sample {
+                at_seconds: at.as_secs_f64(),
+                joined,
+                admitted,
+                waiting: joined.saturating_sub(admitted + gone),
+                seats_sold: get(&self.seats_sold),
+                hold_ms: window(&t.hold_ms, h),
+                checkout_ms: window(&t.checkout_ms, c),
+                delta_ms: Percentiles::of(deltas),
+            };
+            t.sampled = (t.hold_ms.len(), t.checkout_ms.len(), delta_end);
+            t.series.push(sample);
+        });
+    }
+
+    pub fn series(&self) -> Vec<Sample> {
+        self.timings.lock().map(|t| t.series.clone()).unwrap_or_default()
+    }
+
     pub fn take_confirmed(&self) -> Vec<Confirmed> {
         self.timings.lock().map(|mut t| std::mem::take(&mut t.confirmed)).unwrap_or_default()
     }
@@ -158,6 +204,8 @@ impl Stats {
             last_order_ms: t.last_order_ms,
             statuses: t.statuses.clone(),
             confirmed: Vec::new(),
+            series: Vec::new(),
+            sampled: (0, 0, 0),
         });
         let t = t.unwrap_or_default();
         let mut admitted_at = t.admitted_at_ms.clone();

@@ -1,0 +1,145 @@
+//! The run drawn over time, as one self-contained HTML page of SVG charts (`charts.html`): nothing is fetched,
+//! so it reads the same offline.
+
+use plotters::prelude::*;
+
+use crate::run::Sample;
+
+/// One line of a chart: its name, colour and points (seconds into the run, value).
+struct Line {
+    name: &'static str,
+    colour: RGBColor,
+    points: Vec<(f64, f64)>,
+}
+
+/// A line chart as SVG text; an empty string when there is nothing to draw.
+fn chart(title: &str, y_label: &str, lines: &[Line]) -> String {
+    let xs = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
+    let ys = lines.iter().flat_map(|l| l.points.iter().map(|p| p.1));
+    let x_max = xs.fold(0.0f64, f64::max).max(1.0);
+    let y_max = ys.fold(0.0f64, f64::max).max(1.0) * 1.1;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 320)).into_drawing_area();
+        let drawn = (|| -> Result<(), Box<dyn std::error::Error>> {
+            root.fill(&WHITE)?;
+            let mut c = ChartBuilder::on(&root)
+                .caption(title, ("sans-serif", 18))
+                .margin(12)
+                .x_label_area_size(36)
+                .y_label_area_size(64)
+                .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+            c.configure_mesh().x_desc("seconds into the run").y_desc(y_label).draw()?;
+            for line in lines {
+                let colour = line.colour;
+                c.draw_series(LineSeries::new(line.points.iter().copied(), colour.stroke_width(2)))?
+                    .label(line.name)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
+            }
+            c.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+            root.present()?;
+            Ok(())
+        })();
+        if drawn.is_err() {
+            return String::new();
+        }
+    }
+    svg
+}
+
+/// The page: fans waiting and admitted, admissions a minute against the rate setting, seats sold, hold and
+/// checkout latency, and the seat map's delta latency, each over time.
+pub fn page(title: &str, series: &[Sample], rate_setting: Option<u32>) -> String {
+    let points = |f: &dyn Fn(&Sample) -> f64| series.iter().map(|s| (s.at_seconds, f(s))).collect::<Vec<_>>();
+    let mut admissions = Vec::new();
+    for pair in series.windows(2) {
+        let minutes = (pair[1].at_seconds - pair[0].at_seconds) / 60.0;
+        if minutes > 0.0 {
+            admissions.push((pair[1].at_seconds, pair[1].admitted.saturating_sub(pair[0].admitted) as f64 / minutes));
+        }
+    }
+    let mut rate = vec![Line { name: "admitted a minute", colour: BLUE, points: admissions }];
+    if let Some(setting) = rate_setting {
+        let end = series.last().map_or(1.0, |s| s.at_seconds);
+        rate.push(Line {
+            name: "rate setting",
+            colour: RED,
+            points: vec![(0.0, f64::from(setting)), (end, f64::from(setting))],
+        });
+    }
+    let charts = [
+        chart(
+            "Fans waiting and admitted",
+            "fans",
+            &[
+                Line { name: "waiting", colour: RED, points: points(&|s| s.waiting as f64) },
+                Line { name: "admitted (total)", colour: BLUE, points: points(&|s| s.admitted as f64) },
+            ],
+        ),
+        chart("Admissions a minute", "fans a minute", &rate),
+        chart(
+            "Seats sold",
+            "seats",
+            &[Line { name: "seats sold", colour: GREEN, points: points(&|s| s.seats_sold as f64) }],
+        ),
+        chart(
+            "Hold and checkout latency",
+            "ms",
+            &[
+                Line { name: "hold p50", colour: BLUE, points: points(&|s| s.hold_ms.p50) },
+                Line { name: "hold p99", colour: CYAN, points: points(&|s| s.hold_ms.p99) },
+                Line { name: "checkout p50", colour: RED, points: points(&|s| s.checkout_ms.p50) },
+                Line { name: "checkout p99", colour: MAGENTA, points: points(&|s| s.checkout_ms.p99) },
+            ],
+        ),
+        chart(
+            "Seat map delta latency (commit to receipt)",
+            "ms",
+            &[
+                Line { name: "p50", colour: BLUE, points: points(&|s| s.delta_ms.p50) },
+                Line { name: "p99", colour: RED, points: points(&|s| s.delta_ms.p99) },
+            ],
+        ),
+    ];
+    let mut html = format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\
+         <style>body{{font-family:sans-serif;margin:2em;color:#222}}figure{{margin:0 0 1.5em}}</style></head><body>\
+         <h1>{title}</h1><p>Every point covers the seconds since the one before it (latencies are that window's \
+         percentiles; counts are totals so far).</p>\n"
+    );
+    for svg in charts.iter().filter(|svg| !svg.is_empty()) {
+        html.push_str("<figure>");
+        html.push_str(svg);
+        html.push_str("</figure>\n");
+    }
+    html.push_str("</body></html>\n");
+    html
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::Percentiles;
+
+    #[test]
+    fn the_page_draws_every_chart_and_fetches_nothing() {
+        let sample = |at: f64, admitted: u64| Sample {
+            at_seconds: at,
+            joined: 100,
+            admitted,
+            waiting: 100 - admitted,
+            seats_sold: admitted * 2,
+            hold_ms: Percentiles { count: 3, p50: 2.0, p95: 5.0, p99: 9.0, max: 9.0 },
+            checkout_ms: Percentiles::default(),
+            delta_ms: Percentiles { count: 3, p50: 1.0, p95: 3.0, p99: 4.0, max: 4.0 },
+        };
+        let html = page("Run", &[sample(0.0, 0), sample(5.0, 40), sample(10.0, 90)], Some(600));
+        assert_eq!(html.matches("<svg").count(), 5, "five charts");
+        for name in ["waiting", "rate setting", "seats sold", "checkout p99", "Seat map delta latency"] {
+            assert!(html.contains(name), "{name}");
+        }
+        for fetch in ["src=", "href=", "<script", "@import", "url("] {
+            assert!(!html.contains(fetch), "self-contained: {fetch}");
+        }
+    }
+}
