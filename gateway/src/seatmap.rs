@@ -82,12 +82,6 @@ impl Feeds {
         rx
     }
 
-    /// Subscribers of every feed on this node.
-    pub fn subscribers(&self) -> usize {
-        let feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
-        feeds.values().map(broadcast::Sender::receiver_count).sum()
-    }
-
     /// Whether the feed may stop: it has no subscriber left (then it is gone from the map, under the lock
     /// `subscribe` takes, so no subscriber is left behind on a feed nobody reads).
     fn retire(&self, event: i64, tx: &broadcast::Sender<Arc<Frame>>) -> bool {
