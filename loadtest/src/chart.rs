@@ -3,7 +3,7 @@
 
 use plotters::prelude::*;
 
-use crate::run::Sample;
+use crate::run::{Percentiles, Sample};
 
 /// One line of a chart: its name, colour and points (seconds into the run, value).
 struct Line {
@@ -47,10 +47,28 @@ fn chart(title: &str, y_label: &str, lines: &[Line]) -> String {
     svg
 }
 
+/// A latency percentile over time. A window without a sample has no latency, not a zero one: it is left out.
+fn latency_points(
+    series: &[Sample],
+    which: fn(&Sample) -> &Percentiles,
+    q: fn(&Percentiles) -> f64,
+) -> Vec<(f64, f64)> {
+    series.iter().filter(|s| which(s).count > 0).map(|s| (s.at_seconds, q(which(s)))).collect()
+}
+
+fn p50(p: &Percentiles) -> f64 {
+    p.p50
+}
+
+fn p99(p: &Percentiles) -> f64 {
+    p.p99
+}
+
 /// The page: fans waiting and admitted, admissions a minute against the rate setting, seats sold, hold and
 /// checkout latency, and the seat map's delta latency, each over time.
 pub fn page(title: &str, series: &[Sample], rate_setting: Option<u32>) -> String {
     let points = |f: &dyn Fn(&Sample) -> f64| series.iter().map(|s| (s.at_seconds, f(s))).collect::<Vec<_>>();
+    let latency = |which: fn(&Sample) -> &Percentiles, q: fn(&Percentiles) -> f64| latency_points(series, which, q);
     let mut admissions = Vec::new();
     for pair in series.windows(2) {
         let minutes = (pair[1].at_seconds - pair[0].at_seconds) / 60.0;
@@ -86,18 +104,18 @@ pub fn page(title: &str, series: &[Sample], rate_setting: Option<u32>) -> String
             "Hold and checkout latency",
             "ms",
             &[
-                Line { name: "hold p50", colour: BLUE, points: points(&|s| s.hold_ms.p50) },
-                Line { name: "hold p99", colour: CYAN, points: points(&|s| s.hold_ms.p99) },
-                Line { name: "checkout p50", colour: RED, points: points(&|s| s.checkout_ms.p50) },
-                Line { name: "checkout p99", colour: MAGENTA, points: points(&|s| s.checkout_ms.p99) },
+                Line { name: "hold p50", colour: BLUE, points: latency(|s| &s.hold_ms, p50) },
+                Line { name: "hold p99", colour: CYAN, points: latency(|s| &s.hold_ms, p99) },
+                Line { name: "checkout p50", colour: RED, points: latency(|s| &s.checkout_ms, p50) },
+                Line { name: "checkout p99", colour: MAGENTA, points: latency(|s| &s.checkout_ms, p99) },
             ],
         ),
         chart(
             "Seat map delta latency (commit to receipt)",
             "ms",
             &[
-                Line { name: "p50", colour: BLUE, points: points(&|s| s.delta_ms.p50) },
-                Line { name: "p99", colour: RED, points: points(&|s| s.delta_ms.p99) },
+                Line { name: "p50", colour: BLUE, points: latency(|s| &s.delta_ms, p50) },
+                Line { name: "p99", colour: RED, points: latency(|s| &s.delta_ms, p99) },
             ],
         ),
     ];
@@ -119,7 +137,6 @@ pub fn page(title: &str, series: &[Sample], rate_setting: Option<u32>) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::Percentiles;
 
     #[test]
     fn the_page_draws_every_chart_and_fetches_nothing() {
@@ -135,6 +152,10 @@ mod tests {
         };
         let html = page("Run", &[sample(0.0, 0), sample(5.0, 40), sample(10.0, 90)], Some(600));
         assert_eq!(html.matches("<svg").count(), 5, "five charts");
+        // The checkout latency has no sample at all: its line is empty, not drawn at zero.
+        let series = [sample(0.0, 0), sample(5.0, 40)];
+        assert!(latency_points(&series, |s| &s.checkout_ms, |p| p.p99).is_empty());
+        assert_eq!(latency_points(&series, |s| &s.hold_ms, |p| p.p99), vec![(0.0, 9.0), (5.0, 9.0)]);
         for name in ["waiting", "rate setting", "seats sold", "checkout p99", "Seat map delta latency"] {
             assert!(html.contains(name), "{name}");
         }
