@@ -305,6 +305,15 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
     let text = render(&summary, args.fans);
     std::fs::write(args.out.join("summary.md"), &text)?;
     println!("{text}");
+    // Every page's copy, built from a status and the stream's deltas, must be the map itself.
+    match agreement {
+        (_, 0) => eprintln!("loadtest: the map kept moving; the followers' copies were not compared"),
+        (agreeing, compared) => anyhow::ensure!(
+            agreeing == compared,
+            "{} of {compared} followers' copies of the seat map differ from the status",
+            compared - agreeing
+        ),
+    }
     Ok(())
 }
 
