@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,9 @@ pub struct FeedOptions {
     pub capacity: usize,
     /// Longest a reader waits in one blocking read of the log.
     pub block: Duration,
+    /// How long a feed outlives its last subscriber: subscribers that drop and come back together (a
+    /// network blip, a deploy) find it still reading, and its version saves each of them a Redis call.
+    pub linger: Duration,
 }
 
 impl Default for FeedOptions {
@@ -39,6 +43,7 @@ impl Default for FeedOptions {
             heartbeat: Duration::from_secs(15),
             capacity: 256,
             block: Duration::from_secs(1),
+            linger: Duration::from_secs(30),
         }
     }
 }
@@ -56,11 +61,39 @@ pub struct Frame {
 /// Log entries read in one go, at most this many (a frame's size is bounded by it).
 const READ_COUNT: usize = 5_000;
 
+/// One event's feed: the channel its reader broadcasts on, and how far the reader has read.
+struct Feed {
+    tx: broadcast::Sender<Arc<Frame>>,
+    /// The last version the reader read (or found at the log's end), once it has.
+    version: AtomicU64,
+    known: AtomicBool,
+    /// When the reader last heard from Redis.
+    heard_at: Mutex<Option<Instant>>,
+}
+
+impl Feed {
+    /// The version the reader last read, if it heard from Redis within `within`.
+    fn version(&self, within: Duration) -> Option<u64> {
+        let heard = self.heard_at.lock().ok().and_then(|at| *at)?;
+        (self.known.load(Ordering::Acquire) && heard.elapsed() <= within).then(|| self.version.load(Ordering::Acquire))
+    }
+
+    fn heard(&self, version: Option<u64>) {
+        if let Some(v) = version {
+            self.version.store(v, Ordering::Release);
+            self.known.store(true, Ordering::Release);
+        }
+        if let Ok(mut at) = self.heard_at.lock() {
+            *at = Some(Instant::now());
+        }
+    }
+}
+
 /// Every event's feed on this node.
 pub struct Feeds {
     store: LazyStore,
     options: FeedOptions,
-    feeds: Mutex<HashMap<i64, broadcast::Sender<Arc<Frame>>>>,
+    feeds: Mutex<HashMap<i64, Arc<Feed>>>,
 }
 
 impl Feeds {
@@ -68,25 +101,37 @@ impl Feeds {
         Arc::new(Self { store, options, feeds: Mutex::new(HashMap::new()) })
     }
 
-    /// A receiver of `event`'s frames from now on; starts the event's reader if it has none. Must be called
-    /// from inside the runtime the reader is to run on.
-    pub fn subscribe(self: &Arc<Self>, event: i64) -> broadcast::Receiver<Arc<Frame>> {
+    /// A receiver of `event`'s frames from now on, and the version the feed has read up to when it is
+    /// following the log now (the stream starts from there without asking Redis); starts the event's reader
+    /// if it has none. Must be called from inside the runtime the reader is to run on.
+    pub fn subscribe(self: &Arc<Self>, event: i64) -> (broadcast::Receiver<Arc<Frame>>, Option<u64>) {
         let mut feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = feeds.get(&event) {
-            return tx.subscribe();
+        if let Some(feed) = feeds.get(&event) {
+            // Heard from within one blocking read (and a margin): the reader is following the log.
+            return (feed.tx.subscribe(), feed.version(self.options.block * 2));
         }
         let (tx, rx) = broadcast::channel(self.options.capacity.max(1));
-        feeds.insert(event, tx.clone());
+        let feed = Arc::new(Feed {
+            tx,
+            version: AtomicU64::new(0),
+            known: AtomicBool::new(false),
+            heard_at: Mutex::new(None),
+        });
+        feeds.insert(event, feed.clone());
         metrics::gauge!("gateway_seatmap_feeds").increment(1.0);
-        tokio::spawn(self.clone().read(event, tx));
-        rx
+        tokio::spawn(self.clone().read(event, feed));
+        (rx, None)
     }
 
-    /// Whether the feed may stop: it has no subscriber left (then it is gone from the map, under the lock
-    /// `subscribe` takes, so no subscriber is left behind on a feed nobody reads).
-    fn retire(&self, event: i64, tx: &broadcast::Sender<Arc<Frame>>) -> bool {
+    /// Whether the feed may stop: it has had no subscriber for `linger` (then it is gone from the map, under
+    /// the lock `subscribe` takes, so no subscriber is left behind on a feed nobody reads).
+    fn retire(&self, event: i64, feed: &Feed, alone_since: &mut Option<Instant>) -> bool {
         let mut feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
-        if tx.receiver_count() > 0 {
+        if feed.tx.receiver_count() > 0 {
+            *alone_since = None;
+            return false;
+        }
+        if alone_since.get_or_insert_with(Instant::now).elapsed() < self.options.linger {
             return false;
         }
         feeds.remove(&event);
@@ -95,13 +140,15 @@ impl Feeds {
     }
 
     /// The event's reader: follows the log and broadcasts what it finds, until nobody listens.
-    async fn read(self: Arc<Self>, event: i64, tx: broadcast::Sender<Arc<Frame>>) {
+    async fn read(self: Arc<Self>, event: i64, feed: Arc<Feed>) {
         let o = self.options;
+        let tx = &feed.tx;
         let mut reader = None;
         let mut after = None;
         let mut last_frame = Instant::now();
+        let mut alone_since = None;
         loop {
-            if self.retire(event, &tx) {
+            if self.retire(event, &feed, &mut alone_since) {
                 return;
             }
             let r = match reader.as_mut() {
@@ -118,7 +165,10 @@ impl Feeds {
             let from = match after {
                 Some(v) => v,
                 None => match r.last().await {
-                    Ok(v) => *after.insert(v),
+                    Ok(v) => {
+                        feed.heard(Some(v));
+                        *after.insert(v)
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, event, "seat map feed cannot read the log; retrying");
                         reader = None;
@@ -129,6 +179,7 @@ impl Feeds {
             };
             match r.next(from, o.block, READ_COUNT).await {
                 Ok(entries) if entries.is_empty() => {
+                    feed.heard(None);
                     if last_frame.elapsed() >= o.heartbeat {
                         let _ = tx.send(Arc::new(heartbeat()));
                         last_frame = Instant::now();
@@ -136,6 +187,7 @@ impl Feeds {
                 }
                 Ok(entries) => {
                     after = entries.last().map(|e| e.version);
+                    feed.heard(after);
                     if let Some(frame) = delta(&entries) {
                         let _ = tx.send(Arc::new(frame));
                         metrics::counter!("gateway_seatmap_frames_total").increment(1);

@@ -98,12 +98,18 @@ pub async fn serve(
     start: Start,
 ) -> Result<(), Reply> {
     // Subscribed before the version is read: nothing logged after it can be missed.
-    let mut rx = feeds.subscribe(event);
+    let (mut rx, followed) = feeds.subscribe(event);
     let unavailable = |e: StoreError| {
         tracing::warn!(error = %e, event, "seat map stream: Redis did not answer");
         Reply::unavailable()
     };
-    let current = store.map_version(event).await.map_err(unavailable)?;
+    // The feed's version, when it is following the log, saves a Redis call (many subscribers come back at
+    // once after a blip); a client that has seen a later version than the feed asks Redis.
+    let current = match (followed, start) {
+        (Some(v), Start::Now) => v,
+        (Some(v), Start::After(since)) if since <= v => v,
+        _ => store.map_version(event).await.map_err(unavailable)?,
+    };
     let (mut last, first): (u64, Vec<Bytes>) = match start {
         Start::Now => (current, vec![seatmap::hello(event, current)]),
         Start::After(v) if v == current => (v, Vec::new()),
