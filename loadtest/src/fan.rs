@@ -184,7 +184,7 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
     .await?;
     run.stats.map_status(status.raw.len());
     let Some(map) = MAP.get() else { return Ok(()) };
-    if !map.available(n).iter().any(|free| *free) {
+    if !map.any_available(n) {
         // Admitted with nothing left to hold: the waiting room should not let this happen.
         Stats::add(&run.stats.admitted_nothing_left);
     }

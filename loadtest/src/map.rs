@@ -129,6 +129,12 @@ impl LiveMap {
         mirror.statuses.read().map(|s| s.iter().map(|b| *b == 0).collect()).unwrap_or_default()
     }
 
+    /// Whether follower `fan`'s copy shows any seat available now.
+    pub fn any_available(&self, fan: usize) -> bool {
+        let mirror = &self.mirrors[fan % self.mirrors.len()];
+        mirror.statuses.read().is_ok_and(|s| s.contains(&0))
+    }
+
     /// Follows the stream into copy `i`, forever (the run aborts it): from the copy's version, again after a
     /// dropped connection, and from a fresh status after a resync.
     async fn follow(self: Arc<Self>, i: usize) {

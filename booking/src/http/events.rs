@@ -15,7 +15,7 @@ use super::AppState;
 use super::auth::Proof;
 use super::error::{ApiError, ApiPath};
 use super::seat_maps::{Part, accepts_gzip};
-use crate::domain::{Catalogue, EventId, MapVersion, SeatId, SeatStatus};
+use crate::domain::{Catalogue, EventId, MapVersion, SeatId, SeatStatus, TicketType};
 use crate::store::orders;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -24,6 +24,12 @@ pub struct TicketTypeView {
     pub name: String,
     /// Price in minor units of the event's currency.
     pub price_cents: i64,
+}
+
+impl From<&TicketType> for TicketTypeView {
+    fn from(t: &TicketType) -> Self {
+        Self { ticket_type_id: t.id, name: t.name.clone(), price_cents: t.price_cents }
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -115,11 +121,7 @@ pub async fn get_event(
         venue: cat.event.venue.clone(),
         starts_at: cat.event.starts_at.clone(),
         currency: cat.event.currency.clone(),
-        ticket_types: cat
-            .ticket_types
-            .iter()
-            .map(|t| TicketTypeView { ticket_type_id: t.id, name: t.name.clone(), price_cents: t.price_cents })
-            .collect(),
+        ticket_types: cat.ticket_types.iter().map(TicketTypeView::from).collect(),
         seats_on_sale: cat.seats().len(),
     }))
 }

@@ -216,11 +216,7 @@ fn layout(cat: &Catalogue) -> Result<Bytes, ApiError> {
         event_id: cat.event.id.0,
         catalogue_version: cat.version,
         currency: cat.event.currency.clone(),
-        ticket_types: cat
-            .ticket_types
-            .iter()
-            .map(|t| TicketTypeView { ticket_type_id: t.id, name: t.name.clone(), price_cents: t.price_cents })
-            .collect(),
+        ticket_types: cat.ticket_types.iter().map(TicketTypeView::from).collect(),
         sections,
         seats,
     };

@@ -44,7 +44,7 @@ struct Built {
 }
 
 /// A seat map as it goes out: the JSON, gzipped when the client said it accepts that, and its entity tag (a
-/// digest of the plain bytes, so every booking node tags the same map alike).
+/// digest of the plain bytes, so every booking node tags the same map alike; empty for the whole map).
 pub struct Encoded {
     pub body: Bytes,
     pub gzip: bool,
@@ -91,7 +91,7 @@ impl SeatMaps {
         let Some(slot) = slot else {
             let body = build().await?;
             let zipped = if gzip { compress(&body).await } else { None };
-            let etag = etag(&body);
+            let etag = etag(part, &body);
             return Ok(Encoded::choose(body, zipped, etag));
         };
         let mut slot = slot.lock().await;
@@ -99,7 +99,7 @@ impl SeatMaps {
             Some(built) if matches!(part, Part::Layout(_)) || built.at.elapsed() < self.ttl => slot.insert(built),
             _ => {
                 let body = build().await?;
-                slot.insert(Built { at: Instant::now(), etag: etag(&body), body, gzip: None })
+                slot.insert(Built { at: Instant::now(), etag: etag(part, &body), body, gzip: None })
             }
         };
         if gzip && built.gzip.is_none() {
@@ -120,8 +120,13 @@ impl Encoded {
     }
 }
 
-/// A strong entity tag: the first 16 bytes of the body's SHA-256, in hex and quotes.
-fn etag(body: &[u8]) -> String {
+/// A strong entity tag: the first 16 bytes of the body's SHA-256, in hex and quotes. The whole map carries
+/// none (it is rebuilt every `SEAT_MAP_CACHE_MS` and is megabytes long: hashing it would cost more than it
+/// saves), so it gets an empty one.
+fn etag(part: Part, body: &[u8]) -> String {
+    if part == Part::Whole {
+        return String::new();
+    }
     use sha2::Digest;
     let digest = sha2::Sha256::digest(body);
     format!("\"{}\"", hex::encode(&digest[..16]))
@@ -205,9 +210,9 @@ mod tests {
             builds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok::<_, ()>(Bytes::from("{\"seats\":[".to_owned() + &"{\"seat_id\":1},".repeat(1000) + "]}"))
         };
-        let plain = maps.get(EventId(1), Part::Whole, false, build).await.expect("plain");
-        let zipped = maps.get(EventId(1), Part::Whole, true, build).await.expect("gzip");
-        let again = maps.get(EventId(1), Part::Whole, true, build).await.expect("gzip again");
+        let plain = maps.get(EventId(1), Part::Status, false, build).await.expect("plain");
+        let zipped = maps.get(EventId(1), Part::Status, true, build).await.expect("gzip");
+        let again = maps.get(EventId(1), Part::Status, true, build).await.expect("gzip again");
         assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 1, "one build serves both encodings");
         assert!(!plain.gzip && zipped.gzip);
         assert!(zipped.body.len() * 10 < plain.body.len(), "{} vs {}", zipped.body.len(), plain.body.len());
