@@ -307,9 +307,10 @@ impl Edge {
                 refusal
             }
             Route::PublicMap(_) | Route::Event(_) => {
+                let ip = self.client_ip(session);
                 let refusal = match route {
                     Route::Event(event) => self.admit(session.req_header(), event),
-                    _ => self.limits.check_ip(self.client_ip(session)).err().map(|wait| {
+                    _ => self.limits.check_ip(ip).err().map(|wait| {
                         crate::metrics::record_rate_limited("ip");
                         too_many(wait)
                     }),
@@ -317,7 +318,7 @@ impl Edge {
                 if let Some(refusal) = refusal {
                     return Some(refusal);
                 }
-                ctx.client_ip = Some(self.client_ip(session));
+                ctx.client_ip = Some(ip);
                 match self.read_body(session).await {
                     Ok(length) => {
                         ctx.proxied = true;

@@ -110,17 +110,17 @@ pub async fn serve(
         (Some(v), Start::After(since)) if since <= v => v,
         _ => store.map_version(event).await.map_err(unavailable)?,
     };
-    let (mut last, first): (u64, Vec<Bytes>) = match start {
-        Start::Now => (current, vec![seatmap::hello(event, current)]),
-        Start::After(v) if v == current => (v, Vec::new()),
-        Start::After(v) if v > current => (v, vec![seatmap::resync(event, "unknown_version")]),
+    // Where the stream stands, what it sends first, and whether that ends it (a resync).
+    let (mut last, first, ends): (u64, Vec<Bytes>, bool) = match start {
+        Start::Now => (current, vec![seatmap::hello(event, current)], false),
+        Start::After(v) if v == current => (v, Vec::new(), false),
+        Start::After(v) if v > current => (v, vec![seatmap::resync(event, "unknown_version")], true),
         Start::After(v) => match catch_up(store, event, v, current).await.map_err(unavailable)? {
-            Some(frames) => (frames.last().map_or(v, |f| f.to), frames.into_iter().map(|f| f.text).collect()),
-            None => (v, vec![seatmap::resync(event, "log_too_short")]),
+            Some(frames) => (frames.last().map_or(v, |f| f.to), frames.into_iter().map(|f| f.text).collect(), false),
+            None => (v, vec![seatmap::resync(event, "log_too_short")], true),
         },
     };
     let _subscribed = Subscribed::new();
-    let ends = first.last().is_some_and(|f| f.starts_with(b"event: resync"));
     if write_head(session).await.is_err() {
         return Ok(());
     }
