@@ -20,7 +20,7 @@ use tokens::{AccountId, AdmissionClaims, Keyring, unix_now};
 
 use crate::domain::{EventId, HoldToken, SeatId};
 use crate::seed::{SeedOptions, seed};
-use crate::store::holds::{Acquired, HoldTimes, Holds, Keys};
+use crate::store::holds::{Acquired, Ask, HoldTimes, Holds, Keys};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -652,7 +652,7 @@ async fn redis_benchmark(args: &BenchArgs) -> anyhow::Result<f64> {
         .args(["EVALSHA", &sha, "7"])
         .args(["bench:{evB}:token:__rand_int__", "bench:{evB}:account:__rand_int__", "bench:{evB}:version"])
         .args(["bench:{evB}:log", "bench:{evB}:lapses", "bench:{evB}:taken"])
-        .args(["bench:{evB}:seat:__rand_int__", "token", "account", "600000", "8", "3600000", "1"])
+        .args(["bench:{evB}:seat:__rand_int__", "token", "account", "600000", "8", "3600000", "1", "", "1"])
         .output()
         .context("running redis-benchmark")?;
     let _: () = redis::cmd("SELECT").arg(9).query_async(&mut conn).await?;
@@ -690,7 +690,16 @@ async fn prepare_holds(
             let account = format!("bench{tag}-c{i}");
             async move {
                 let token = HoldToken::generate();
-                match holds.acquire(event, &account, token, &[SeatId(seat)], 8).await? {
+                let ask = Ask {
+                    account: &account,
+                    token,
+                    seats: &[SeatId(seat)],
+                    blocks: &[0],
+                    block_size: 1,
+                    max_per_account: 8,
+                    idempotency: None,
+                };
+                match holds.acquire(event, &ask).await? {
                     Acquired::Granted { .. } => {
                         let claims = AdmissionClaims::new(AccountId::parse(&account)?, event.0, unix_now(), 3600);
                         // A random Idempotency-Key, as clients make them (a UUIDv4), not the time-ordered token.

@@ -60,6 +60,11 @@ impl Catalogue {
         self.index.get(&id).map(|&i| &self.seats[i])
     }
 
+    /// Where a seat is in map order (its index in [`Self::seats`]).
+    pub fn position(&self, id: SeatId) -> Option<usize> {
+        self.index.get(&id).copied()
+    }
+
     pub fn seats(&self) -> &[SeatInfo] {
         &self.seats
     }

@@ -2,6 +2,7 @@
 //!
 //! Invariant: nothing here knows sqlx, redis, axum or the clock; time is passed in.
 
+pub mod best;
 mod catalogue;
 pub mod order;
 #[cfg(test)]

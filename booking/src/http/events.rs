@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::auth::Proof;
 use super::error::{ApiError, ApiPath};
-use super::seat_maps::{Part, accepts_gzip};
+use super::seat_maps::{Part, Snapshot, accepts_gzip};
 use crate::domain::{Catalogue, EventId, MapVersion, SeatId, SeatStatus, TicketType};
 use crate::store::orders;
 
@@ -194,10 +194,21 @@ pub async fn get_seats(
     Ok(res)
 }
 
+/// Every seat's status at a map version, from the cache of the last `SEAT_MAP_CACHE_MS` (read after
+/// `newer_than`, if given).
+pub(super) async fn snapshot(
+    state: &AppState,
+    event: EventId,
+    cat: &Catalogue,
+    newer_than: Option<std::time::Instant>,
+) -> Result<Arc<Snapshot>, ApiError> {
+    state.seat_maps.snapshot(event, cat.version, newer_than, || seat_statuses(state, event, cat)).await
+}
+
 /// Every seat's status at a map version: held from Redis, sold from Postgres (the truth). The version is read
 /// first, so the statuses show every change up to it (each was committed to Postgres before it was logged), and
 /// maybe some after it, which the deltas past the version carry again.
-pub(super) async fn seat_statuses(
+async fn seat_statuses(
     state: &AppState,
     event: EventId,
     cat: &Catalogue,
@@ -212,11 +223,12 @@ pub(super) async fn seat_statuses(
 
 /// The seat map, serialised.
 async fn build_seat_map(state: &AppState, event: EventId, cat: Arc<Catalogue>) -> Result<Bytes, ApiError> {
-    let (statuses, version) = seat_statuses(state, event, &cat).await?;
+    let snap = snapshot(state, event, &cat, None).await?;
+    let (statuses, version) = (&snap.statuses, snap.version);
     let seats = cat
         .seats()
         .iter()
-        .zip(statuses)
+        .zip(statuses.iter().copied())
         .map(|(s, status)| SeatView {
             seat_id: s.id.0,
             label: s.label.clone(),

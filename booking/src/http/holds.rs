@@ -2,7 +2,8 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -12,30 +13,65 @@ use super::AppState;
 use super::auth::Proof;
 use super::error::{ApiError, ApiJson, ApiPath};
 use super::events::catalogue;
-use crate::domain::{Basket, BasketError, Catalogue, EventId, HoldToken, SeatId};
-use crate::store::holds::{Acquired, HoldCheck, HoldRecord};
+use super::orders::{in_flight, key_reused, optional_idempotency_key};
+use super::picking;
+use crate::domain::best::Want;
+use crate::domain::{Basket, BasketError, Catalogue, EventId, HoldToken, SeatId, join_seats};
+use crate::store::holds::{Acquired, Ask, Claim, HoldCheck, HoldKey, HoldRecord};
 use crate::store::orders::rfc3339;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(min_properties = 1, max_properties = 1)]
 pub struct HoldRequest {
-    /// The seats to hold, all or none. At most the basket cap (default 8), no duplicates.
-    #[schema(min_items = 1, value_type = std::collections::BTreeSet<i64>)]
-    #[serde(deserialize_with = "whole_numbers")]
-    pub seat_ids: Vec<i64>,
+    /// The seats to hold, all or none. At most the basket cap (default 8), no duplicates. Give this or
+    /// `best_available`, not both.
+    #[schema(min_items = 1, value_type = Option<std::collections::BTreeSet<i64>>, nullable = false)]
+    #[serde(default)]
+    pub seat_ids: Option<Vec<Whole>>,
+    /// Let booking pick the seats: the best block of side-by-side free seats (see `score` in the answer).
+    #[schema(nullable = false)]
+    #[serde(default)]
+    pub best_available: Option<BestAvailable>,
 }
 
-/// Seat ids as JSON integers; a number with a zero fraction (`12.0`) is the same integer, as JSON Schema says.
-fn whole_numbers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<i64>, D::Error> {
-    use serde::de::Error;
-    let raw: Vec<serde_json::Number> = Vec::deserialize(d)?;
-    raw.iter()
-        .map(|n| {
-            n.as_i64()
-                .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15).map(|f| f as i64))
-                .ok_or_else(|| D::Error::custom(format!("seat id {n} is not a 64-bit integer")))
-        })
-        .collect()
+/// What to pick: `quantity` side-by-side seats in the best free block, by section (the venue's order), then row,
+/// then distance from the row's centre.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BestAvailable {
+    /// How many seats, 1 to the basket cap.
+    #[schema(value_type = i64, minimum = 1)]
+    pub quantity: Whole,
+    /// Only seats of this ticket type.
+    #[schema(value_type = Option<i64>)]
+    #[serde(default)]
+    pub ticket_type_id: Option<Whole>,
+    /// Only seats of this section (its name, as in the layout's `sections`).
+    #[serde(default)]
+    pub section: Option<String>,
+    /// Only accessible seats.
+    #[serde(default)]
+    pub accessible: bool,
+    /// When no block of `quantity` side-by-side seats is free, take the seats in the fewest blocks instead.
+    /// Never fewer seats than asked.
+    #[serde(default)]
+    pub allow_split: bool,
+}
+
+/// A JSON integer; a number with a zero fraction (`12.0`) is the same integer, as JSON Schema says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Whole(pub i64);
+
+impl<'de> Deserialize<'de> for Whole {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let n = serde_json::Number::deserialize(d)?;
+        n.as_i64()
+            .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15).map(|f| f as i64))
+            .map(Whole)
+            .ok_or_else(|| D::Error::custom(format!("{n} is not a 64-bit integer")))
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -55,6 +91,29 @@ pub struct HoldView {
     pub seats: Vec<PricedSeat>,
     pub total_cents: i64,
     pub currency: String,
+    /// The seat map version whose change (on the map's stream) shows this hold's seats as held.
+    pub version: u64,
+    /// For `best_available`: how good the seats are. Absent for named seats and in a replayed answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_available: Option<PickView>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PickView {
+    /// `-(1,000,000 × section rank + 1,000 × row rank + twice the seats between the block's centre and its
+    /// row's)`, ranks from 0 in the venue's order: 0 is the best block, higher is better. For seats in several
+    /// blocks, the lowest of theirs.
+    pub score: i64,
+    /// Whether the seats are one block side by side (false only with `allow_split`).
+    pub side_by_side: bool,
+}
+
+/// Free seats offered instead of a seat that went: one block side by side, as many seats as the basket.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Alternative {
+    pub seat_ids: Vec<i64>,
+    pub labels: Vec<String>,
+    pub total_cents: i64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -136,15 +195,19 @@ pub(super) fn hold_not_yours() -> ApiError {
     ApiError::forbidden("hold_not_yours", "this hold belongs to another account")
 }
 
-/// Hold a basket of seats: every seat or none.
+/// Hold seats, every one or none: the seats named, or the best free block booking picks.
 #[utoipa::path(post, path = "/events/{event_id}/holds", tag = "holds",
-    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    params(
+        ("event_id" = i64, Path, minimum = 1, description = "event id"),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = "^[!-~]+$",
+            description = "client-chosen key of 1 to 255 visible ASCII characters: a retry with the same key and body gets the same hold (`Idempotent-Replayed: true`) and never a second one"),
+    ),
     request_body = HoldRequest,
     security(("admission" = [])),
     responses(
         (status = 201, body = HoldView, description = "every seat is held for this token"),
-        (status = 409, body = super::ErrorBody, description = "`seat_unavailable` (with `seat_id` and `label`) or `account_limit_reached`"),
-        (status = 422, body = super::ErrorBody, description = "`empty_basket`, `duplicate_seat`, `too_many_seats`, `seat_not_on_sale`, `invalid_body`"),
+        (status = 409, body = super::ErrorBody, description = "`seat_unavailable` (with `seat_id`, `label` and `alternatives`: up to 3 free blocks of the basket's size, nearest first), `no_seats_together` (with `available` and `largest_block`), `best_available_contended`, `account_limit_reached`, `request_in_flight`, `hold_expired` (a replayed key whose hold ended)"),
+        (status = 422, body = super::ErrorBody, description = "`empty_basket`, `duplicate_seat`, `too_many_seats`, `seat_not_on_sale`, `unknown_ticket_type`, `unknown_section`, `idempotency_key_reused`, `invalid_body`"),
         (status = 400, body = super::ErrorBody), (status = 401, body = super::ErrorBody),
         (status = 403, body = super::ErrorBody), (status = 404, body = super::ErrorBody),
         (status = 413, body = super::ErrorBody), (status = 415, body = super::ErrorBody),
@@ -154,44 +217,194 @@ pub async fn create_hold(
     State(state): State<AppState>,
     ApiPath(event_id): ApiPath<i64>,
     proof: Proof,
+    headers: HeaderMap,
     ApiJson(req): ApiJson<HoldRequest>,
-) -> Result<(StatusCode, Json<HoldView>), ApiError> {
+) -> Result<Response, ApiError> {
     let event = EventId(event_id);
     let account = proof.account_for(event)?;
+    let key = optional_idempotency_key(&headers)?;
     let cat = catalogue(&state, event_id).await?;
-    let basket = Basket::parse(&req.seat_ids, state.limits.max_seats_per_basket, &cat).map_err(basket_error)?;
+    let asked = Asked::parse(req, state.limits.max_seats_per_basket, &cat)?;
+    let Some(key) = key else {
+        return hold(&state, &cat, event, account.as_str(), &asked, None).await;
+    };
+    let fingerprint = asked.fingerprint(event);
+    let claim = match state.holds.claim_key(event, account.as_str(), key, &fingerprint).await? {
+        (Claim::New, claim) => claim,
+        (Claim::InFlight, _) => return Err(in_flight()),
+        (Claim::Reused, _) => return Err(key_reused()),
+        (Claim::Granted(token), _) => return replay(&state, &cat, event, account.as_str(), token).await,
+    };
+    let answer = hold(&state, &cat, event, account.as_str(), &asked, Some(&claim)).await;
+    // A request that made no hold gives its key back, so a retry is served anew (a hold, once made, is recorded
+    // under the key by the same script that made it).
+    if answer.is_err()
+        && let Err(e) = state.holds.unclaim(&claim).await
+    {
+        tracing::warn!(error = %e, "could not give back an idempotency key; it frees itself shortly");
+    }
+    answer
+}
+
+/// What a hold request asks for, checked against the catalogue.
+#[derive(Debug)]
+enum Asked {
+    Seats(Basket),
+    Best { want: Want, allow_split: bool },
+}
+
+impl Asked {
+    fn parse(req: HoldRequest, max_seats: usize, cat: &Catalogue) -> Result<Self, ApiError> {
+        match (req.seat_ids, req.best_available) {
+            (Some(ids), None) => {
+                let ids: Vec<i64> = ids.iter().map(|w| w.0).collect();
+                Ok(Self::Seats(Basket::parse(&ids, max_seats, cat).map_err(basket_error)?))
+            }
+            (None, Some(best)) => {
+                let quantity = usize::try_from(best.quantity.0).unwrap_or(0);
+                if quantity == 0 {
+                    return Err(basket_error(BasketError::Empty));
+                }
+                if quantity > max_seats {
+                    return Err(basket_error(BasketError::TooMany { max: max_seats }));
+                }
+                let ticket_type_id = best.ticket_type_id.map(|w| w.0);
+                if let Some(id) = ticket_type_id
+                    && !cat.ticket_types.iter().any(|t| t.id == id)
+                {
+                    return Err(ApiError::unprocessable(
+                        "unknown_ticket_type",
+                        format!("no ticket type {id} for this event"),
+                    )
+                    .with("ticket_type_id", id));
+                }
+                if let Some(name) = &best.section
+                    && !cat.seats().iter().any(|s| &s.section == name)
+                {
+                    return Err(ApiError::unprocessable(
+                        "unknown_section",
+                        format!("no section {name:?} has seats on sale"),
+                    )
+                    .with("section", name.clone()));
+                }
+                let want = Want { quantity, ticket_type_id, section: best.section, accessible: best.accessible };
+                Ok(Self::Best { want, allow_split: best.allow_split })
+            }
+            _ => Err(ApiError::unprocessable("invalid_body", "give either `seat_ids` or `best_available`")),
+        }
+    }
+
+    /// What makes two requests the same, for an idempotency key.
+    fn fingerprint(&self, event: EventId) -> String {
+        use sha2::Digest;
+        let text = match self {
+            Self::Seats(basket) => format!("{event} seats {}", join_seats(basket.seats())),
+            Self::Best { want, allow_split } => format!(
+                "{event} best {} {:?} {:?} {} {allow_split}",
+                want.quantity, want.ticket_type_id, want.section, want.accessible
+            ),
+        };
+        hex::encode(&sha2::Sha256::digest(text.as_bytes())[..16])
+    }
+}
+
+/// Makes the hold (recorded under `claim` if given).
+async fn hold(
+    state: &AppState,
+    cat: &Catalogue,
+    event: EventId,
+    account: &str,
+    asked: &Asked,
+    claim: Option<&HoldKey>,
+) -> Result<Response, ApiError> {
     let token = HoldToken::generate();
     let max = state.limits.max_seats_per_account;
-    match state.holds.acquire(event, account.as_str(), token, basket.seats(), max).await? {
-        Acquired::Granted { expires_at_ms } => {
-            metrics::counter!("booking_holds_total", "outcome" => "granted").increment(1);
-            let seats = priced(&cat, basket.seats());
-            let total_cents = seats.iter().map(|s| s.price_cents).sum();
-            Ok((
-                StatusCode::CREATED,
-                Json(HoldView {
-                    hold_token: token.0,
-                    expires_at: ms_to_rfc3339(expires_at_ms),
-                    seats,
-                    total_cents,
-                    currency: cat.event.currency.clone(),
-                }),
-            ))
+    let Asked::Seats(basket) = asked else {
+        let Asked::Best { want, allow_split } = asked else { unreachable!("two kinds of request") };
+        return picking::best_available(state, cat, event, account, want, *allow_split, claim).await;
+    };
+    let seats = basket.seats();
+    let ask =
+        Ask { account, token, seats, blocks: &[0], block_size: seats.len(), max_per_account: max, idempotency: claim };
+    match state.holds.acquire(event, &ask).await? {
+        Acquired::Granted { expires_at_ms, version, .. } => {
+            Ok(granted(cat, token, seats, expires_at_ms, version, None))
         }
         Acquired::SeatTaken { index } => {
             metrics::counter!("booking_holds_total", "outcome" => "seat_unavailable").increment(1);
-            Err(seat_unavailable(&cat, basket.seats()[index]))
+            let alternatives = picking::alternatives(state, cat, event, seats).await;
+            Err(seat_unavailable(cat, seats[index]).with("alternatives", alternatives))
         }
-        Acquired::AccountCap { counted } => {
-            metrics::counter!("booking_holds_total", "outcome" => "account_limit").increment(1);
-            Err(ApiError::conflict(
-                "account_limit_reached",
-                format!("an account may hold and buy at most {max} seats for this event; it has {counted}"),
-            )
-            .with("max", max)
-            .with("counted", counted))
-        }
+        Acquired::AccountCap { counted } => Err(account_limit(max, counted)),
+        Acquired::NoneFree => Err(ApiError::internal(&"acquire_hold named several blocks for a basket")),
     }
+}
+
+/// 201 with the hold.
+pub(super) fn granted(
+    cat: &Catalogue,
+    token: HoldToken,
+    seats: &[SeatId],
+    expires_at_ms: i64,
+    version: u64,
+    best_available: Option<PickView>,
+) -> Response {
+    metrics::counter!("booking_holds_total", "outcome" => "granted").increment(1);
+    (StatusCode::CREATED, Json(view(cat, token, seats, expires_at_ms, version, best_available))).into_response()
+}
+
+fn view(
+    cat: &Catalogue,
+    token: HoldToken,
+    seats: &[SeatId],
+    expires_at_ms: i64,
+    version: u64,
+    best_available: Option<PickView>,
+) -> HoldView {
+    let seats = priced(cat, seats);
+    HoldView {
+        hold_token: token.0,
+        expires_at: ms_to_rfc3339(expires_at_ms),
+        total_cents: seats.iter().map(|s| s.price_cents).sum(),
+        seats,
+        currency: cat.event.currency.clone(),
+        version,
+        best_available,
+    }
+}
+
+pub(super) fn account_limit(max: usize, counted: i64) -> ApiError {
+    metrics::counter!("booking_holds_total", "outcome" => "account_limit").increment(1);
+    ApiError::conflict(
+        "account_limit_reached",
+        format!("an account may hold and buy at most {max} seats for this event; it has {counted}"),
+    )
+    .with("max", max)
+    .with("counted", counted)
+}
+
+/// The answer for a key whose request made a hold: the hold as it is now, or `hold_expired` once it ended
+/// (released, lapsed or checked out): a retry never makes a second hold.
+async fn replay(
+    state: &AppState,
+    cat: &Catalogue,
+    event: EventId,
+    account: &str,
+    token: HoldToken,
+) -> Result<Response, ApiError> {
+    let live = match state.holds.verify(event, account, token).await? {
+        Ok(rec) => state.holds.expiry(event, token).await?.map(|expires| (rec, expires)),
+        Err(_) => None,
+    };
+    let mut res = match live {
+        Some((rec, expires)) => {
+            let version = state.holds.map_version(event).await?;
+            (StatusCode::CREATED, Json(view(cat, token, &rec.seats, expires, version, None))).into_response()
+        }
+        None => hold_expired().into_response(),
+    };
+    res.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+    Ok(res)
 }
 
 /// Release a hold: frees only the seats still held by this token.

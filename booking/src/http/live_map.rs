@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::error::{ApiError, ApiPath};
-use super::events::{TicketTypeView, catalogue, seat_statuses};
+use super::events::{TicketTypeView, catalogue, snapshot};
 use super::seat_maps::{Encoded, Part, accepts_gzip, not_modified};
 use crate::domain::{Catalogue, EventId, SeatStatus};
 
@@ -225,14 +225,14 @@ fn layout(cat: &Catalogue) -> Result<Bytes, ApiError> {
 
 /// Every seat's status, serialised.
 async fn status(state: &AppState, event: EventId, cat: Arc<Catalogue>) -> Result<Bytes, ApiError> {
-    let (statuses, version) = seat_statuses(state, event, &cat).await?;
+    let snap = snapshot(state, event, &cat, None).await?;
     let body = SeatStatuses {
         event_id: event.0,
-        version,
+        version: snap.version,
         catalogue_version: cat.version,
         layout: layout_url(event.0, cat.version),
-        seats: statuses.len(),
-        statuses: pack(statuses.into_iter()),
+        seats: snap.statuses.len(),
+        statuses: pack(snap.statuses.iter().copied()),
     };
     serde_json::to_vec(&body).map(Bytes::from).map_err(|e| ApiError::internal(&e))
 }

@@ -11,6 +11,7 @@ pub mod live_map;
 pub mod openapi;
 mod ops;
 mod orders;
+mod picking;
 mod seat_maps;
 mod webhooks;
 

@@ -20,7 +20,7 @@ use super::{admin, error, events, holds, lifecycle, live_map, ops, orders, webho
         admin::get_order, admin::cancel_order, admin::refund_order, admin::event_orders,
         ops::healthz, ops::readyz,
     ),
-    components(schemas(error::ErrorBody)),
+    components(schemas(error::ErrorBody, holds::Alternative)),
     modifiers(&AdmissionAuth, &Links),
 )]
 struct ApiDoc;

@@ -80,9 +80,15 @@ fn view(order: &Order, cat: &Catalogue) -> OrderView {
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
-    let raw = headers
-        .get("idempotency-key")
-        .ok_or_else(|| ApiError::bad_request("idempotency_key_missing", "checkout needs an Idempotency-Key header"))?;
+    optional_idempotency_key(headers)?
+        .ok_or_else(|| ApiError::bad_request("idempotency_key_missing", "checkout needs an Idempotency-Key header"))
+}
+
+/// The request's `Idempotency-Key`, if it has one; 400 if it is not 1 to 255 visible ASCII characters.
+pub(super) fn optional_idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(raw) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
     let key = raw.to_str().unwrap_or("");
     if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES || !key.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(ApiError::bad_request(
@@ -90,7 +96,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
             format!("Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_BYTES} visible ASCII characters"),
         ));
     }
-    Ok(key)
+    Ok(Some(key))
 }
 
 /// Check out a hold: creates a `reserved` order for all of its seats, or nothing.
@@ -179,14 +185,14 @@ pub async fn create_order(
     Ok((StatusCode::CREATED, Json(view(&order, &cat))).into_response())
 }
 
-fn in_flight() -> ApiError {
+pub(super) fn in_flight() -> ApiError {
     ApiError::conflict(
         "request_in_flight",
         "a request with this Idempotency-Key is still being processed; retry shortly",
     )
 }
 
-fn key_reused() -> ApiError {
+pub(super) fn key_reused() -> ApiError {
     ApiError::unprocessable("idempotency_key_reused", "this Idempotency-Key was already used for a different request")
 }
 

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
-use crate::domain::EventId;
+use crate::domain::{EventId, MapVersion, SeatStatus};
 
 /// Which form of an event's map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,17 +51,77 @@ pub struct Encoded {
     pub etag: String,
 }
 
+/// Every seat's status at a map version, in the catalogue's order: what each form of the map and best
+/// available are made from.
+pub struct Snapshot {
+    pub statuses: Vec<SeatStatus>,
+    pub version: MapVersion,
+    catalogue_version: i64,
+    at: Instant,
+}
+
+impl Snapshot {
+    /// Whether each seat, in catalogue order, is available.
+    pub fn free(&self) -> Vec<bool> {
+        self.statuses.iter().map(|s| *s == SeatStatus::Available).collect()
+    }
+
+    /// When the statuses were read.
+    pub fn read_at(&self) -> Instant {
+        self.at
+    }
+}
+
+type SnapshotSlot = Arc<tokio::sync::Mutex<Option<Arc<Snapshot>>>>;
+
 /// Serialised seat maps by event and form, each rebuilt at most once per `ttl` (single flight: concurrent
-/// requests for a stale map wait for one build); a layout is never rebuilt.
+/// requests for a stale map wait for one build); a layout is never rebuilt. The statuses they are built from
+/// are cached alike.
 pub struct SeatMaps {
     ttl: Duration,
     maps: Mutex<HashMap<(EventId, Part), Slot>>,
+    snapshots: Mutex<HashMap<EventId, SnapshotSlot>>,
 }
 
 impl SeatMaps {
     /// `ttl` zero turns the cache off.
     pub fn new(ttl: Duration) -> Self {
-        Self { ttl, maps: Mutex::new(HashMap::new()) }
+        Self { ttl, maps: Mutex::new(HashMap::new()), snapshots: Mutex::new(HashMap::new()) }
+    }
+
+    /// The event's seat statuses for `catalogue_version`: cached while younger than the ttl and read after
+    /// `newer_than` (if given; a request that found its copy out of date asks for a newer one), else read by
+    /// `read` (single flight, as for the maps).
+    pub async fn snapshot<E, F>(
+        &self,
+        event: EventId,
+        catalogue_version: i64,
+        newer_than: Option<Instant>,
+        read: impl FnOnce() -> F,
+    ) -> Result<Arc<Snapshot>, E>
+    where
+        F: Future<Output = Result<(Vec<SeatStatus>, MapVersion), E>>,
+    {
+        let build = |(statuses, version)| Snapshot { statuses, version, catalogue_version, at: Instant::now() };
+        let slot = if self.ttl.is_zero() {
+            None
+        } else {
+            self.snapshots.lock().ok().map(|mut slots| slots.entry(event).or_default().clone())
+        };
+        let Some(slot) = slot else {
+            return Ok(Arc::new(build(read().await?)));
+        };
+        let mut slot = slot.lock().await;
+        if let Some(current) = slot.as_ref()
+            && current.catalogue_version == catalogue_version
+            && current.at.elapsed() < self.ttl
+            && newer_than.is_none_or(|t| current.at > t)
+        {
+            return Ok(current.clone());
+        }
+        let fresh = Arc::new(build(read().await?));
+        *slot = Some(fresh.clone());
+        Ok(fresh)
     }
 
     /// The event's map in the form `part`, from the cache when it is younger than the ttl (a layout: whatever

@@ -10,7 +10,7 @@ use redis::Script;
 use redis::aio::ConnectionManager;
 
 use super::StoreError;
-use crate::domain::{EventId, HoldToken, MapVersion, SeatId, SeatStatus, join_seats, split_seats};
+use crate::domain::{EventId, HoldToken, MapVersion, SeatId, SeatStatus, split_seats};
 
 /// The start of a seat's Redis value once it is in an order ("sold:<hold token>"; see `lua/reserve_seats.lua`).
 const SOLD: &str = "sold:";
@@ -44,6 +44,12 @@ impl Keys {
 
     pub fn account(&self, event: EventId, account: &str) -> String {
         format!("{}hold:{{ev{event}}}:account:{account}", self.prefix)
+    }
+
+    /// A hold request's idempotency key, per account (the account's length first, so no two pairs of account
+    /// and key name the same Redis key).
+    pub fn hold_idempotency(&self, event: EventId, account: &str, key: &str) -> String {
+        format!("{}hold:{{ev{event}}}:idem:{}:{account}:{key}", self.prefix, account.len())
     }
 
     pub fn version(&self, event: EventId) -> String {
@@ -92,6 +98,9 @@ pub mod sources {
     pub const RELEASE_SEATS: &str = changes_seats!("release_seats.lua");
     pub const SEATMAP_LAPSE: &str = changes_seats!("seatmap_lapse.lua");
     pub const VERIFY_HOLD: &str = include_str!("../../../lua/verify_hold.lua");
+    /// Deletes a key if it still has the given value.
+    pub const UNCLAIM_KEY: &str =
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 }
 
 struct Scripts {
@@ -102,6 +111,7 @@ struct Scripts {
     release_order: Script,
     lapse: Script,
     verify: Script,
+    unclaim: Script,
 }
 
 impl Scripts {
@@ -114,6 +124,7 @@ impl Scripts {
             release_order: Script::new(sources::RELEASE_SEATS),
             lapse: Script::new(sources::SEATMAP_LAPSE),
             verify: Script::new(sources::VERIFY_HOLD),
+            unclaim: Script::new(sources::UNCLAIM_KEY),
         }
     }
 }
@@ -153,20 +164,65 @@ impl Until {
     }
 }
 
-/// Outcome of asking for a basket.
+/// A request for one block of seats: a fan's basket (one block), or candidate blocks of the same size, best
+/// first, of which the first wholly free one is granted.
+#[derive(Debug, Clone)]
+pub struct Ask<'a> {
+    pub account: &'a str,
+    pub token: HoldToken,
+    /// The seats the blocks are made of, each once.
+    pub seats: &'a [SeatId],
+    /// Where each block starts in `seats` (0-based), best first: a block is `block_size` seats from there.
+    pub blocks: &'a [usize],
+    pub block_size: usize,
+    pub max_per_account: usize,
+    /// The request's claimed idempotency key: granting also records the hold under it.
+    pub idempotency: Option<&'a HoldKey>,
+}
+
+/// How long a claimed idempotency key waits for its request to end before another may claim it (a request
+/// takes milliseconds; this only frees the key of a request whose server died mid-way).
+const IDEMPOTENCY_PENDING: Duration = Duration::from_secs(10);
+
+/// An idempotency key claimed for one hold request: its Redis key and the request's fingerprint. Its value is
+/// `p:<fingerprint>` while the request runs, then `h:<fingerprint>:<hold token>` (written by the grant itself,
+/// kept as long as the hold's record).
+#[derive(Debug, Clone)]
+pub struct HoldKey {
+    key: String,
+    fingerprint: String,
+}
+
+impl HoldKey {
+    fn granted(&self, token: HoldToken) -> String {
+        format!("h:{}:{token}", self.fingerprint)
+    }
+}
+
+/// What an idempotency key said when a hold request claimed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Unused: the request goes ahead.
+    New,
+    /// The same request is still running.
+    InFlight,
+    /// The key was used for another request.
+    Reused,
+    /// The same request made this hold.
+    Granted(HoldToken),
+}
+
+/// Outcome of asking for seats.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquired {
-    Granted {
-        expires_at_ms: i64,
-    },
-    /// The seat at this index of the basket (0-based) is held or sold.
-    SeatTaken {
-        index: usize,
-    },
+    /// `block` (0-based) of the ask is held; `version` is the map version whose log entry shows it.
+    Granted { expires_at_ms: i64, version: MapVersion, block: usize },
+    /// One block asked for: the seat at this index of it (0-based) is held or sold.
+    SeatTaken { index: usize },
+    /// Several blocks asked for: every one has a seat held or sold.
+    NoneFree,
     /// The account already holds or bought `counted` seats; the basket would take it over the cap.
-    AccountCap {
-        counted: i64,
-    },
+    AccountCap { counted: i64 },
 }
 
 /// A hold's record, as read before release, extend or checkout.
@@ -234,37 +290,109 @@ impl Holds {
         }
     }
 
-    /// Grants every seat of the basket to `token`, or none of them.
-    pub async fn acquire(
-        &self,
-        event: EventId,
-        account: &str,
-        token: HoldToken,
-        seats: &[SeatId],
-        max_per_account: usize,
-    ) -> Result<Acquired, StoreError> {
+    /// Grants one block of `ask` to its token: the first whose seats are all free, or none.
+    pub async fn acquire(&self, event: EventId, ask: &Ask<'_>) -> Result<Acquired, StoreError> {
+        let n = ask.block_size;
+        if n == 0 || ask.blocks.is_empty() || ask.blocks.iter().any(|&b| b + n > ask.seats.len()) {
+            return Err(StoreError::Unexpected(format!("blocks of {n} of {} seats", ask.seats.len())));
+        }
         let mut inv = self.scripts.acquire.prepare_invoke();
-        inv.key(self.keys.record(event, token)).key(self.keys.account(event, account));
+        inv.key(self.keys.record(event, ask.token)).key(self.keys.account(event, ask.account));
         for key in self.keys.map(event) {
             inv.key(key);
         }
-        for &seat in seats {
+        if let Some(claim) = ask.idempotency {
+            inv.key(&claim.key);
+        }
+        for &seat in ask.seats {
             inv.key(self.keys.seat(event, seat));
         }
-        inv.arg(token.to_string())
-            .arg(account)
+        inv.arg(ask.token.to_string())
+            .arg(ask.account)
             .arg(ms(self.times.ttl))
-            .arg(max_per_account)
+            .arg(ask.max_per_account)
             .arg(ms(self.times.record_retention))
-            .arg(join_seats(seats));
+            .arg(n)
+            .arg(ask.idempotency.map_or_else(String::new, |c| c.granted(ask.token)));
+        for &start in ask.blocks {
+            inv.arg(start + 1);
+        }
         let mut conn = self.conn.clone();
         let reply: Vec<i64> = self.run(inv.invoke_async(&mut conn)).await?;
+        let blocks = ask.blocks.len();
         match reply.as_slice() {
-            [1, expires] => Ok(Acquired::Granted { expires_at_ms: *expires }),
-            [0, i] if *i >= 1 && (*i as usize) <= seats.len() => Ok(Acquired::SeatTaken { index: *i as usize - 1 }),
+            [1, expires, version, block] if *version > 0 && *block >= 1 && (*block as usize) <= blocks => {
+                Ok(Acquired::Granted { expires_at_ms: *expires, version: *version as u64, block: *block as usize - 1 })
+            }
+            [0, 0] if blocks > 1 => Ok(Acquired::NoneFree),
+            [0, i] if blocks == 1 && *i >= 1 && (*i as usize) <= n => {
+                Ok(Acquired::SeatTaken { index: *i as usize - 1 })
+            }
             [-1, counted] => Ok(Acquired::AccountCap { counted: *counted }),
             other => Err(StoreError::Unexpected(format!("acquire_hold: {other:?}"))),
         }
+    }
+
+    /// Claims an idempotency key for a hold request whose fingerprint is `fingerprint`; unless the answer is
+    /// `Claim::New`, the key was claimed before and the request must not make a hold.
+    pub async fn claim_key(
+        &self,
+        event: EventId,
+        account: &str,
+        key: &str,
+        fingerprint: &str,
+    ) -> Result<(Claim, HoldKey), StoreError> {
+        let claim =
+            HoldKey { key: self.keys.hold_idempotency(event, account, key), fingerprint: fingerprint.to_owned() };
+        let mut conn = self.conn.clone();
+        let pending = format!("p:{fingerprint}");
+        // SET NX GET: the earlier value if there was one (and nothing set), else nil (and the claim is ours).
+        let before: Option<String> = self
+            .run(
+                redis::cmd("SET")
+                    .arg(&claim.key)
+                    .arg(&pending)
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PX")
+                    .arg(ms(IDEMPOTENCY_PENDING))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        let Some(before) = before else {
+            return Ok((Claim::New, claim));
+        };
+        // A request in flight with the key answers first, whatever it asked (as checkout does): what it makes is
+        // not known yet.
+        let answer = match before.split_once(':') {
+            Some(("p", _)) => Claim::InFlight,
+            Some(("h", rest)) => match rest.rsplit_once(':') {
+                Some((fp, _)) if fp != fingerprint => Claim::Reused,
+                Some((_, token)) => match uuid::Uuid::parse_str(token) {
+                    Ok(token) => Claim::Granted(HoldToken(token)),
+                    Err(_) => return Err(StoreError::Unexpected(format!("idempotency key value {before:?}"))),
+                },
+                None => return Err(StoreError::Unexpected(format!("idempotency key value {before:?}"))),
+            },
+            _ => return Err(StoreError::Unexpected(format!("idempotency key value {before:?}"))),
+        };
+        Ok((answer, claim))
+    }
+
+    /// Gives back a claimed key whose request made no hold, so a retry is served anew; a key that made a hold
+    /// (or was claimed again since) is left as it is.
+    pub async fn unclaim(&self, claim: &HoldKey) -> Result<(), StoreError> {
+        let mut inv = self.scripts.unclaim.prepare_invoke();
+        inv.key(&claim.key).arg(format!("p:{}", claim.fingerprint));
+        let mut conn = self.conn.clone();
+        let _: i64 = self.run(inv.invoke_async(&mut conn)).await?;
+        Ok(())
+    }
+
+    /// The expiry of a hold's record (unix ms), if it has one.
+    pub async fn expiry(&self, event: EventId, token: HoldToken) -> Result<Option<i64>, StoreError> {
+        let mut conn = self.conn.clone();
+        self.run(redis::cmd("HGET").arg(self.keys.record(event, token)).arg("expires").query_async(&mut conn)).await
     }
 
     /// Reads a hold's record; `None` if it does not exist (never did, released, or long expired).

@@ -64,12 +64,16 @@ impl TestApp {
 
     /// A server with extra `booking serve` flags (e.g. `["--hold-ttl-ms", "1000"]`).
     pub async fn spawn_with(pool: PgPool, extra: &[&str]) -> Self {
-        let seeded = booking::seed::seed(
-            &pool,
-            &booking::seed::SeedOptions { seats: 400, sponsor_seats: 50, ..Default::default() },
-        )
-        .await
-        .expect("seed");
+        Self::spawn_venue(pool, 400, extra).await
+    }
+
+    /// A server over a venue of `seats` seats (500 a section, 25 a row; the first 50 held back; the last row of
+    /// each section has two accessible seats), with extra `booking serve` flags.
+    pub async fn spawn_venue(pool: PgPool, seats: u32, extra: &[&str]) -> Self {
+        let seeded =
+            booking::seed::seed(&pool, &booking::seed::SeedOptions { seats, sponsor_seats: 50, ..Default::default() })
+                .await
+                .expect("seed");
         let prefix = format!("test-{}:", Uuid::new_v4().simple());
         let url = redis_url();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -165,9 +169,14 @@ impl TestApp {
         self.redis.keys(format!("{}*", self.prefix)).await.expect("KEYS")
     }
 
+    /// Booking's key builder, under this test's prefix.
+    pub fn keys(&self) -> booking::store::holds::Keys {
+        booking::store::holds::Keys::new(&self.prefix).expect("prefix")
+    }
+
     /// The Redis value of a seat key (hold token, "sold", or none).
     pub async fn seat_value(&mut self, seat: i64) -> Option<String> {
-        let key = format!("{}hold:{{ev{}}}:seat:{seat}", self.prefix, self.event);
+        let key = self.keys().seat(booking::domain::EventId(self.event), booking::domain::SeatId(seat));
         self.redis.get(key).await.expect("GET")
     }
 
@@ -230,6 +239,16 @@ impl TestApp {
     pub async fn hold(&self, account: &str, seats: &[i64]) -> Resp {
         let url = self.url(&format!("/events/{}/holds", self.event));
         self.send(self.client.post(url).bearer_auth(self.proof(account)).json(&json!({ "seat_ids": seats }))).await
+    }
+
+    /// `POST /holds` with any body and, if given, an `Idempotency-Key`.
+    pub async fn hold_with(&self, account: &str, body: Value, key: Option<&str>) -> Resp {
+        let url = self.url(&format!("/events/{}/holds", self.event));
+        let mut req = self.client.post(url).bearer_auth(self.proof(account)).json(&body);
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        self.send(req).await
     }
 
     /// `hold` with owned arguments, for building many futures at once.

@@ -10,4 +10,5 @@ mod lifecycle;
 mod lifecycle_model;
 mod ops;
 mod outbox;
+mod picking;
 mod seat_log;
