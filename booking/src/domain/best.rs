@@ -336,7 +336,8 @@ mod tests {
         let free: Vec<bool> = cat.seats().iter().map(|s| s.id.0 != 2).collect();
         let near = nearest_blocks(&cat, &free, &[SeatId(2), SeatId(3)], 2, 3);
         assert_eq!(near.len(), 3);
-        let d: Vec<f64> = near.iter().map(|b| distance(&cat, &b.seats, &[SeatId(2), SeatId(3)]).expect("placed")).collect();
+        let d: Vec<f64> =
+            near.iter().map(|b| distance(&cat, &b.seats, &[SeatId(2), SeatId(3)]).expect("placed")).collect();
         assert!(d.windows(2).all(|w| w[0] <= w[1]), "{d:?}");
         assert!(near.iter().all(|b| !b.seats.contains(&SeatId(2))), "taken seats are never offered");
     }

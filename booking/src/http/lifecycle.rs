@@ -108,8 +108,10 @@ pub struct PaymentView {
     pub payment_id: String,
     pub amount_cents: i64,
     pub currency: String,
-    /// Where the fan pays (the fake provider's `complete` endpoint).
+    /// Where a program settles the payment at the fake provider (`POST {"outcome": "succeeded"}`).
     pub pay_url: String,
+    /// The provider's page where a person pays; `?return=<url>` brings them back afterwards.
+    pub checkout_url: String,
     /// Pay before this, RFC 3339.
     pub payment_due_at: String,
 }
@@ -157,6 +159,7 @@ pub async fn start_payment(
         Json(PaymentView {
             order_id: order.id.0,
             pay_url: state.payments.provider.pay_url(&payment_id),
+            checkout_url: state.payments.provider.checkout_url(&payment_id),
             payment_id,
             amount_cents: order.total_cents,
             currency: order.currency.clone(),

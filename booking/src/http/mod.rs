@@ -11,6 +11,7 @@ pub mod live_map;
 pub mod openapi;
 mod ops;
 mod orders;
+mod pages;
 mod picking;
 mod seat_maps;
 mod webhooks;
@@ -207,6 +208,8 @@ pub fn router(state: AppState) -> Router {
         .route("/events/{event_id}/seats/status", get(live_map::get_status))
         .route("/events/{event_id}/seats/layout/{catalogue_version}", get(live_map::get_layout))
         .route("/events/{event_id}/availability", get(events::get_availability))
+        .route("/events/{event_id}/buy", get(pages::page))
+        .route("/events/{event_id}/buy/{asset}", get(pages::page_asset))
         .route("/events/{event_id}/holds", post(holds::create_hold))
         .route("/events/{event_id}/holds/{hold_token}", delete(holds::release_hold))
         .route("/events/{event_id}/holds/{hold_token}/extend", post(holds::extend_hold))

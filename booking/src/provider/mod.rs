@@ -92,6 +92,7 @@ pub fn router(secret: &[u8], attempts: u32) -> Router {
         .route("/v1/payments", post(create))
         .route("/v1/payments/{id}", get(show))
         .route("/v1/payments/{id}/complete", post(complete))
+        .route("/v1/payments/{id}/checkout", get(checkout_page))
         .route("/v1/payments/{id}/redeliver", post(redeliver))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .with_state(provider)
@@ -132,6 +133,35 @@ async fn show(State(p): State<Provider>, Path(id): Path<String>) -> Response {
         None => refuse(StatusCode::NOT_FOUND, "unknown_payment", "no such payment"),
     }
 }
+
+/// The page where a person pays: the amount, Pay and Decline. Either settles the payment (`complete`) and then
+/// goes to `?return=` (an absolute http(s) URL), as a provider's hosted checkout sends the buyer back to the shop.
+async fn checkout_page(State(p): State<Provider>, Path(id): Path<String>) -> Response {
+    let Some(pay) = p.payments.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned() else {
+        return refuse(StatusCode::NOT_FOUND, "unknown_payment", "no such payment");
+    };
+    let amount = format!("{}.{:02} {}", pay.amount_cents / 100, pay.amount_cents % 100, pay.currency);
+    // Every value put in the page is made of ASCII letters, digits, '_', '.', '-' and ' ' (ids the provider
+    // made, an amount, a currency booking checked), so none needs escaping.
+    let safe = |v: &str| v.chars().all(|c| c.is_ascii_alphanumeric() || "_.- ".contains(c));
+    if !safe(&pay.payment_id) || !safe(&amount) {
+        return refuse(StatusCode::INTERNAL_SERVER_ERROR, "unprintable_payment", "this payment cannot be shown");
+    }
+    let page = CHECKOUT_PAGE
+        .replace("{amount}", &amount)
+        .replace("{payment_id}", &pay.payment_id)
+        .replace("{status}", &pay.status);
+    let mut res = axum::response::Html(page).into_response();
+    res.headers_mut().insert(
+        axum::http::header::CONTENT_SECURITY_POLICY,
+        axum::http::HeaderValue::from_static(
+            "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'",
+        ),
+    );
+    res
+}
+
+const CHECKOUT_PAGE: &str = include_str!("checkout.html");
 
 /// The fan's card page, reduced to its outcome: settles the payment and delivers the signed event.
 async fn complete(State(p): State<Provider>, Path(id): Path<String>, Json(c): Json<Complete>) -> Response {
@@ -262,8 +292,13 @@ impl Client {
         Ok(res.json().await?)
     }
 
-    /// Where the fan completes a payment.
+    /// Where a program completes a payment (`POST {"outcome"}`).
     pub fn pay_url(&self, payment_id: &str) -> String {
         format!("{}/v1/payments/{payment_id}/complete", self.base)
+    }
+
+    /// The page where a person pays.
+    pub fn checkout_url(&self, payment_id: &str) -> String {
+        format!("{}/v1/payments/{payment_id}/checkout", self.base)
     }
 }

@@ -283,7 +283,7 @@ impl Queue {
             admission_token: Some(proof),
             admitted_at: Some(rfc3339(at_ms / 1000)),
             expires_at: Some(rfc3339(exp)),
-            next: Some(format!("/events/{event}/seats")),
+            next: Some(format!("/events/{event}/buy")),
             ..QueueAnswer::new(event, "admitted")
         };
         Placed { body, cookies: vec![cookie] }
