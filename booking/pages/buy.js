@@ -508,6 +508,7 @@
 
   let following = null;
   function showOrder(order) {
+    const first = !S.order || S.order.status !== order.status;
     S.order = order;
     $('pick-panel').hidden = true;
     $('hold-panel').hidden = true;
@@ -528,6 +529,7 @@
     }
     $('pay').hidden = order.status !== 'reserved';
     $('again').hidden = order.status === 'reserved';
+    if (first) (order.status === 'reserved' ? $('pay') : $('again')).focus();
     refreshFocus();
     redraw();
   }
