@@ -27,26 +27,9 @@ pub enum Command {
     Token(TokenCommand),
     /// Print the OpenAPI document generated from the code.
     Openapi,
-    /// Measure holds and checkouts per second against redis-benchmark and pgbench on this machine.
-    Bench(Box<crate::bench::BenchArgs>),
-    /// Serve the fake payment provider (payments in memory, signed webhooks back to booking).
-    Provider(ProviderArgs),
     /// Run only the outbox relay (publishes order events to the Redis Stream), e.g. beside `serve
     /// --outbox-relay-interval-ms 0`.
     Relay(RelayArgs),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct ProviderArgs {
-    /// Address to listen on.
-    #[arg(long, env = "PROVIDER_LISTEN", default_value = "127.0.0.1:18090")]
-    pub listen: SocketAddr,
-    /// Secret that signs webhooks (HMAC-SHA256); booking verifies with the same one.
-    #[arg(long, env = "PAYMENT_WEBHOOK_SECRET", value_parser = secret)]
-    pub webhook_secret: SecretString,
-    /// Deliveries of one event at most, with doubling pauses from 100 ms, while booking answers 5xx or nothing.
-    #[arg(long, env = "PROVIDER_DELIVERY_ATTEMPTS", default_value_t = 5)]
-    pub delivery_attempts: u32,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -180,7 +163,7 @@ pub struct ServeConfig {
     /// Absolute cap on an order's payment deadline from its creation, however often extended, in seconds.
     #[arg(long, env = "PAYMENT_MAX_SECONDS", default_value_t = 1_200)]
     pub payment_max_seconds: u32,
-    /// Base URL of the payment provider (`booking provider` in the local stack).
+    /// Base URL of the payment provider (the `payments` binary in the local stack).
     #[arg(long, env = "PAYMENT_PROVIDER_URL", default_value = "http://127.0.0.1:18090")]
     pub payment_provider_url: String,
     /// Secret that verifies the provider's webhooks (HMAC-SHA256). Without it `POST /webhooks/payments`

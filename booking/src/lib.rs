@@ -1,7 +1,6 @@
 //! Booking: atomic all-or-nothing seat holds in Redis and a Postgres checkout guarded by one active sale per
 //! (event, seat). See ARCHITECTURE.md for the map.
 
-pub mod bench;
 pub mod config;
 pub mod domain;
 pub mod http;
@@ -13,3 +12,19 @@ pub mod workers;
 
 /// Migrations of the booking database, embedded at build time from `migrations/`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Resolves on SIGINT or SIGTERM: when a service starts its graceful shutdown.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use booking::config::{Cli, Command, TokenCommand};
-use booking::{bench, http, seed, telemetry};
+use booking::{http, seed, shutdown_signal, telemetry};
 use clap::Parser;
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
@@ -76,14 +76,6 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", ring.sign(&AdmissionClaims::new(account, event, unix_now(), ttl_seconds)));
         }
         Command::Openapi => println!("{}", http::openapi::document()),
-        Command::Bench(args) => bench::run(&args).await?,
-        Command::Provider(args) => {
-            let listener =
-                tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-            tracing::info!(addr = %listener.local_addr()?, "fake payment provider listening");
-            let app = booking::provider::router(args.webhook_secret.expose_secret().as_bytes(), args.delivery_attempts);
-            axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
-        }
         Command::Relay(args) => {
             let pool = PgPool::connect(args.db.database_url.expose_secret()).await.context("connecting to Postgres")?;
             let client = redis::Client::open(args.redis.redis_url.expose_secret()).context("REDIS_URL")?;
@@ -107,20 +99,4 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            s.recv().await;
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }

@@ -1,6 +1,6 @@
 //! A small fake payment provider, so the payment step is real HTTP end to end: booking creates a payment here,
 //! the fan "pays" (`POST /v1/payments/{id}/complete`), and the provider calls booking back with a signed
-//! webhook, retrying on failure like a real one. Payments live in memory; `booking provider` serves it.
+//! webhook, retrying on failure like a real one. Payments live in memory; the `payments` binary serves it.
 //!
 //! Also the client booking uses to talk to it ([`Client`]).
 

@@ -174,9 +174,14 @@ impl TestApp {
         booking::store::holds::Keys::new(&self.prefix).expect("prefix")
     }
 
+    /// A seat's Redis key for this app's event.
+    pub fn seat_key(&self, seat: i64) -> String {
+        self.keys().seat(booking::domain::EventId(self.event), booking::domain::SeatId(seat))
+    }
+
     /// The Redis value of a seat key (hold token, "sold", or none).
     pub async fn seat_value(&mut self, seat: i64) -> Option<String> {
-        let key = self.keys().seat(booking::domain::EventId(self.event), booking::domain::SeatId(seat));
+        let key = self.seat_key(seat);
         self.redis.get(key).await.expect("GET")
     }
 
@@ -362,11 +367,11 @@ impl TestApp {
         let marker = format!("sold:{token}");
         for seat in &seats {
             if self.seat_value(*seat).await.as_deref() == Some(marker.as_str()) {
-                let key = format!("{}hold:{{ev{}}}:seat:{seat}", self.prefix, self.event);
+                let key = self.seat_key(*seat);
                 let _: () = self.redis.del(key).await.expect("DEL");
             }
         }
-        let account_key = format!("{}hold:{{ev{}}}:account:{account}", self.prefix, self.event);
+        let account_key = self.keys().account(booking::domain::EventId(self.event), &account);
         let member = format!("{token}:{}", seats.len());
         let _: () = redis::cmd("ZADD")
             .arg(&account_key)

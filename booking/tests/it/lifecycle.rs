@@ -38,7 +38,7 @@ async fn a_webhook_storm_with_a_failure_out_of_order_makes_one_paid_transition(p
     for &seat in &seats[..2] {
         assert_eq!(app.active_orders_for_seat(seat).await, 1);
         assert_eq!(app.seat_value(seat).await, Some(format!("sold:{token}")));
-        let key = format!("{}hold:{{ev{}}}:seat:{seat}", app.prefix, app.event);
+        let key = app.seat_key(seat);
         let ttl: i64 = app.redis.pttl(key).await.expect("PTTL");
         assert_eq!(ttl, -1, "a paid seat's marker never lapses");
     }
@@ -310,7 +310,7 @@ async fn the_payment_window_extends_up_to_its_cap_and_redis_follows(pool: PgPool
     let mut app = TestApp::spawn_with(pool, &["--payment-window-seconds", "2", "--payment-max-seconds", "3"]).await;
     let seat = app.seats_on_sale().await[40];
     let (order, token) = app.reserve("fan-a", &[seat]).await;
-    let key = format!("{}hold:{{ev{}}}:seat:{seat}", app.prefix, app.event);
+    let key = app.seat_key(seat);
     let before: i64 = app.redis.pttl(&key).await.expect("PTTL");
     assert!((1..=2_100).contains(&before), "the marker lapses with the deadline: {before} ms");
     let due = app.order("fan-a", &order).await.str("payment_due_at");
@@ -465,7 +465,7 @@ async fn the_sweeper_repairs_redis_when_a_commit_s_follow_up_never_ran(pool: PgP
             .expect("a change in Postgres only");
         assert!(moved);
     }
-    let key = format!("{}hold:{{ev{}}}:seat:{}", app.prefix, app.event, seats[71]);
+    let key = app.seat_key(seats[71]);
     let _: () = app.redis.del(&key).await.expect("the reserved marker lapses");
 
     let back =

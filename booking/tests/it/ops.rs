@@ -159,3 +159,34 @@ async fn neither_the_order_functions_nor_bookings_connections_compile_plans(pool
     assert_eq!(jit, "off");
     own.close().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn every_function_is_written_out_in_migrations_functions_as_postgres_has_it(pool: PgPool) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations/functions");
+    let functions: Vec<(String, String)> = sqlx::query_as(
+        "SELECT p.proname::text, pg_get_functiondef(p.oid) FROM pg_proc p
+         JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("functions");
+    assert!(functions.iter().any(|(name, _)| name == "checkout_order"), "the migrations made the functions");
+    for (name, definition) in &functions {
+        let path = dir.join(format!("{name}.sql"));
+        let file = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{} is missing", path.display()));
+        // The file is a comment header, then the definition exactly as Postgres prints it.
+        let body: String = file.lines().skip_while(|l| l.starts_with("--")).map(|l| format!("{l}\n")).collect();
+        assert!(
+            body.trim_end() == definition.trim_end(),
+            "{} differs from the migrated database's {name}: copy `SELECT pg_get_functiondef('{name}'::regproc)` into it",
+            path.display()
+        );
+    }
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("migrations/functions")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".sql").map(str::to_owned))
+        .collect();
+    files.sort();
+    let names: Vec<String> = functions.into_iter().map(|(name, _)| name).collect();
+    assert_eq!(files, names, "one file per function, and none for a function that no longer exists");
+}

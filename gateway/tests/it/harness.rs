@@ -31,8 +31,27 @@ pub fn prefix() -> String {
 }
 
 /// A free loopback port (bound, read, released).
+/// A port for a server process a test starts (which binds it itself). The kernel's choice of a free port is
+/// claimed by creating a file named after it in a directory every test shares, so no two tests (nextest runs
+/// each in its own process) are handed the same port between the probe and the bind. Claims older than ten
+/// minutes are stale (no test runs that long) and are taken again.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("probe").local_addr().expect("addr").port()
+    let dir = std::env::temp_dir().join("onsale-test-ports");
+    std::fs::create_dir_all(&dir).expect("the port claims' directory");
+    for _ in 0..200 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("probe").local_addr().expect("addr").port();
+        let claim = dir.join(port.to_string());
+        if std::fs::OpenOptions::new().write(true).create_new(true).open(&claim).is_ok() {
+            return port;
+        }
+        let stale = std::fs::metadata(&claim)
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| at.elapsed().is_ok_and(|age| age > Duration::from_secs(600)));
+        if stale {
+            let _ = std::fs::remove_file(&claim);
+        }
+    }
+    panic!("no unclaimed port after 200 probes")
 }
 
 /// A real upstream: answers every request with 200 and counts them, except the gateway's own questions:
@@ -210,9 +229,13 @@ impl GatewayProcess {
         for (name, value) in &args {
             cmd.args([name, value]);
         }
-        let child = cmd.env("RUST_LOG", "warn").stdin(Stdio::null()).spawn().expect("start the gateway binary");
+        let mut child = cmd.env("RUST_LOG", "warn").stdin(Stdio::null()).spawn().expect("start the gateway binary");
         let deadline = Instant::now() + Duration::from_secs(20);
         while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            // A gateway that could not bind (a process outside the tests took the port) exits: say so.
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the gateway exited before listening on {port}: {status}");
+            }
             assert!(Instant::now() < deadline, "the gateway did not listen on {port} within 20 s");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -352,9 +375,9 @@ pub async fn redis() -> redis::aio::MultiplexedConnection {
         .expect("Redis answers (start it with deploy/stack services)")
 }
 
-/// A queue key, as gateway/src/store.rs builds it.
+/// A queue key, built by the gateway's own key builder.
 pub fn key(prefix: &str, event: i64, name: &str) -> String {
-    format!("{prefix}queue:{{ev{event}}}:{name}")
+    gateway::store::QueueKeys::new(prefix, event).key(name)
 }
 
 /// Every admission step recorded for an event: (from, to, at_ms, admitted), in order.

@@ -1,4 +1,4 @@
--- wrk script for `booking bench`: POST one-seat holds, one request per bench seat, in seat order.
+-- wrk script for `booking-bench`: POST one-seat holds, one request per bench seat, in seat order.
 -- Arguments (after --): event id, first seat id, seat count, path of a file of admission proofs (one per line;
 -- request k uses proof floor(k / 8), so no account holds more than 8 seats, as in a real sale).
 counted_name = "granted"

@@ -1,12 +1,11 @@
--- Shared by the wrk scripts of `booking bench` (put in front of each when the bench writes it out).
+-- Shared by the wrk scripts of `booking-bench` (put in front of each when the bench writes it out).
 --
 -- The client is part of what is measured (it shares the 2-core box with the servers), so the scripts keep it
 -- cheap, as redis-benchmark and pgbench are:
 -- * every request is built in init(), before wrk starts its clock; request() only hands the next one out;
 -- * no response() callback: with one, wrk hands every response's headers and body to Lua. The counts come from
 --   wrk's own summary instead: the phases' requests answer 201 or an error status, never another 2xx.
--- Together these took wrk from 30-32 to 14-21 µs of CPU per checkout in two threads (2026-12-04, /proc, four
--- runs each), and to 12 µs in one (two runs).
+-- Together they halve the client's CPU per checkout, which the servers would otherwise lose to it.
 --
 -- wrk runs these scripts in one thread (`-t 1`). wrk starts each thread as soon as its init() has run and its
 -- clock only once the last thread has started, and counts every answer: with two threads, the first sent

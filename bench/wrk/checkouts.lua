@@ -1,4 +1,4 @@
--- wrk script for `booking bench`: POST one checkout per prepared hold. Each line of the file is
+-- wrk script for `booking-bench`: POST one checkout per prepared hold. Each line of the file is
 -- "<admission proof> <hold token> <idempotency key>"; each is sent once.
 -- Arguments (after --): event id, path of the holds file.
 counted_name = "created"

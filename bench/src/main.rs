@@ -1,4 +1,4 @@
-//! `booking bench`: holds and checkouts per second through booking, side by side with the same work done raw
+//! `booking-bench`: holds and checkouts per second through booking, side by side with the same work done raw
 //! on the same machine — `redis-benchmark` running EVALSHA of the same acquire script, and `pgbench` running
 //! single-row INSERTs — and the ratios between them.
 //!
@@ -18,14 +18,19 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgPool};
 use tokens::{AccountId, AdmissionClaims, Keyring, unix_now};
 
-use crate::domain::{EventId, HoldToken, SeatId};
-use crate::seed::{SeedOptions, seed};
-use crate::store::holds::{Acquired, Ask, HoldTimes, Holds, Keys};
+use booking::domain::{EventId, HoldToken, SeatId};
+use booking::seed::{SeedOptions, seed};
+use booking::store::holds::{Acquired, Ask, HoldTimes, Holds, Keys};
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "booking-bench",
+    version,
+    about = "Measure holds and checkouts per second through booking against redis-benchmark and pgbench on this machine"
+)]
 pub struct BenchArgs {
     #[command(flatten)]
-    pub db: crate::config::DatabaseArgs,
+    pub db: booking::config::DatabaseArgs,
     /// Redis connection URL.
     #[arg(long, env = "REDIS_URL", value_parser = secret)]
     pub redis_url: SecretString,
@@ -41,10 +46,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 128)]
     pub connections: u32,
     /// pgbench runs with each of these client counts, comma-separated; checkouts are held against the best of
-    /// them (on the 2-core box pgbench peaks between 16 and 64 clients, at about 1.3 times its rate with 8).
+    /// them (pgbench peaks at a different count on each machine).
     #[arg(long, value_delimiter = ',', default_value = "8,16,32,64", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pgbench_clients: Vec<u32>,
-    /// The booking binary to run as the scratch server (default: this one), to compare two builds with the same
+    /// The booking binary to run as the scratch server (default: the one built beside this), to compare two builds with the same
     /// driver, one run after the other.
     #[arg(long)]
     pub server: Option<std::path::PathBuf>,
@@ -163,7 +168,25 @@ struct Figures {
     pgbench: Vec<(u32, Figure)>,
 }
 
-pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    booking::telemetry::init();
+    run(&<BenchArgs as clap::Parser>::parse()).await
+}
+
+/// The `booking` binary built beside this one (`target/<profile>/booking`).
+fn sibling_booking() -> anyhow::Result<std::path::PathBuf> {
+    let me = std::env::current_exe()?;
+    let booking = me.with_file_name("booking");
+    anyhow::ensure!(
+        booking.exists(),
+        "no booking binary beside {} (build it: cargo build --release -p booking), or pass --server",
+        me.display()
+    );
+    Ok(booking)
+}
+
+async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let checkout_seats = usize::from(args.rounds) * args.checkout_holds;
     anyhow::ensure!(
         args.checkout_holds > 0 && checkout_seats < args.seats as usize,
@@ -196,7 +219,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         // Seeding 250,000 seats takes seconds by design: no slow-statement warnings in the bench's output.
         let options = url.parse::<PgConnectOptions>().context("DATABASE_URL")?.disable_statement_logging();
         let pool = PgPool::connect_with(options).await.context("connecting to the scratch schema")?;
-        crate::MIGRATOR.run(&pool).await.context("migrating the scratch schema")?;
+        booking::MIGRATOR.run(&pool).await.context("migrating the scratch schema")?;
         eprintln!("bench: seeding a scratch event of {} seats in schema {schema}", args.seats);
         let seeded = seed(
             &pool,
@@ -316,7 +339,7 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
     file.flush()?;
     drop(file);
     let script = work.join("holds.lua");
-    std::fs::write(&script, [include_str!("../bench/common.lua"), include_str!("../bench/holds.lua")].concat())?;
+    std::fs::write(&script, [include_str!("../wrk/common.lua"), include_str!("../wrk/holds.lua")].concat())?;
     eprintln!("bench: holds through booking for {} s", args.seconds);
     let cpu = CpuMeter::start(server.pid());
     let out = wrk(
@@ -350,7 +373,7 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
         .map(|&c| (c, Figure::new(&format!("raw pgbench single-row INSERT, {c} clients"))))
         .collect();
     let script = work.join("checkouts.lua");
-    std::fs::write(&script, [include_str!("../bench/common.lua"), include_str!("../bench/checkouts.lua")].concat())?;
+    std::fs::write(&script, [include_str!("../wrk/common.lua"), include_str!("../wrk/checkouts.lua")].concat())?;
     for round in 0..rounds {
         let of = format!("round {} of {}", round + 1, args.rounds);
         if round > 0 {
@@ -402,7 +425,7 @@ impl ScratchServer {
     fn start(args: &BenchArgs, database_url: &str, prefix: &str) -> anyhow::Result<Self> {
         let exe = match &args.server {
             Some(exe) => exe.clone(),
-            None => std::env::current_exe()?,
+            None => sibling_booking()?,
         };
         let child = Command::new(exe)
             .args(["serve", "--listen", &format!("127.0.0.1:{}", args.port), "--redis-key-prefix", prefix])
@@ -643,7 +666,7 @@ async fn redis_benchmark(args: &BenchArgs) -> anyhow::Result<f64> {
     let (host, port) = redis_port(args)?;
     let client = redis::Client::open(args.redis_url.expose_secret())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let source = crate::store::holds::sources::ACQUIRE_HOLD;
+    let source = booking::store::holds::sources::ACQUIRE_HOLD;
     let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(source).query_async(&mut conn).await?;
     let requests = (args.seconds * 40_000).to_string();
     let out = Command::new("redis-benchmark")

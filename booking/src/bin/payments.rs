@@ -1,0 +1,43 @@
+//! `payments`: the fake payment provider, a small service of its own. Booking creates a payment here per order;
+//! a person pays on its checkout page (or a program posts the outcome); it calls booking back with a signed
+//! webhook, retrying while booking answers 5xx or nothing. Payments live in memory.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use clap::Parser;
+use secrecy::{ExposeSecret, SecretString};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "payments",
+    version,
+    about = "The fake payment provider: payments in memory, signed webhooks back to booking"
+)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "PROVIDER_LISTEN", default_value = "127.0.0.1:18090")]
+    listen: SocketAddr,
+    /// Secret that signs webhooks (HMAC-SHA256); booking verifies with the same one.
+    #[arg(long, env = "PAYMENT_WEBHOOK_SECRET", value_parser = secret)]
+    webhook_secret: SecretString,
+    /// Deliveries of one event at most, with doubling pauses from 100 ms, while booking answers 5xx or nothing.
+    #[arg(long, env = "PROVIDER_DELIVERY_ATTEMPTS", default_value_t = 5)]
+    delivery_attempts: u32,
+}
+
+fn secret(raw: &str) -> Result<SecretString, String> {
+    if raw.is_empty() { Err("must not be empty".into()) } else { Ok(SecretString::from(raw.to_owned())) }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    booking::telemetry::init();
+    let args = Args::parse();
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "fake payment provider listening");
+    let app = booking::provider::router(args.webhook_secret.expose_secret().as_bytes(), args.delivery_attempts);
+    axum::serve(listener, app).with_graceful_shutdown(booking::shutdown_signal()).await?;
+    Ok(())
+}
