@@ -1,7 +1,7 @@
 //! A short-lived cache of each event's serialised seat map, in its three forms: the whole map (`/seats`), the
 //! status of every seat, and the layout. Building a map reads every seat's Redis key and serialises thousands
-//! of seats (about 20 ms for 20,000); when thousands of fans open the map in the same second, one build per
-//! `SEAT_MAP_CACHE_MS` serves them all. The map carries its `version`, so a client can tell how fresh it is;
+//! of seats; when thousands of fans open the map in the same second, one build per `SEAT_MAP_CACHE_MS` serves
+//! them all. Best available picks from the same cached statuses. The map carries its `version`, so a client can tell how fresh it is;
 //! holds and checkouts never trust the map, so a slightly stale one is harmless. A layout never changes for
 //! its catalogue version, so it is built once.
 //!
@@ -199,8 +199,8 @@ pub fn not_modified(headers: &HeaderMap, etag: &str) -> bool {
     })
 }
 
-/// Gzips `body` on a blocking thread (about 20 ms for a 20,000-seat map); `None` if that thread failed, and
-/// the plain map goes out instead.
+/// Gzips `body` on a blocking thread (a whole map takes long enough to stall an async worker); `None` if that
+/// thread failed, and the plain map goes out instead.
 async fn compress(body: &Bytes) -> Option<Bytes> {
     let body = body.clone();
     tokio::task::spawn_blocking(move || {
