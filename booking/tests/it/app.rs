@@ -50,11 +50,7 @@ pub struct TestApp {
     provider_server: tokio::task::JoinHandle<()>,
 }
 
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| {
-        panic!("REDIS_URL is not set: run the tests with `deploy/test`, which starts Postgres and Redis")
-    })
-}
+pub use testkit::{eventually, redis_url};
 
 impl TestApp {
     /// A server with default settings over a 400-seat venue.
@@ -452,20 +448,6 @@ impl TestApp {
         .await
         .expect("orphan seats");
         assert!(orphans.is_empty(), "order seats without their order: {orphans:?}");
-    }
-}
-
-/// Waits (bounded) until `check` holds; says whether it did.
-pub async fn eventually(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 

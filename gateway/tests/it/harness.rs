@@ -19,40 +19,7 @@ pub const ADMIN_TOKEN: &str = "integration-admin-token";
 pub const OTHER_SECRET_SAME_KID: &str = "k1:a-different-secret-that-nobody-trusts-02";
 pub const OTHER_KID: &str = "k9:gateway-integration-test-admission-key-01";
 
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| {
-        panic!("REDIS_URL is not set: run the tests with `deploy/test`, which starts Postgres and Redis")
-    })
-}
-
-/// A key prefix no other test (or earlier run) uses.
-pub fn prefix() -> String {
-    format!("t{:016x}:", rand::random::<u64>())
-}
-
-/// A free loopback port (bound, read, released).
-/// A port for a server process a test starts (which binds it itself). The kernel's choice of a free port is
-/// claimed by creating a file named after it in a directory every test shares, so no two tests (nextest runs
-/// each in its own process) are handed the same port between the probe and the bind. Claims older than ten
-/// minutes are stale (no test runs that long) and are taken again.
-pub fn free_port() -> u16 {
-    let dir = std::env::temp_dir().join("onsale-test-ports");
-    std::fs::create_dir_all(&dir).expect("the port claims' directory");
-    for _ in 0..200 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("probe").local_addr().expect("addr").port();
-        let claim = dir.join(port.to_string());
-        if std::fs::OpenOptions::new().write(true).create_new(true).open(&claim).is_ok() {
-            return port;
-        }
-        let stale = std::fs::metadata(&claim)
-            .and_then(|m| m.modified())
-            .is_ok_and(|at| at.elapsed().is_ok_and(|age| age > Duration::from_secs(600)));
-        if stale {
-            let _ = std::fs::remove_file(&claim);
-        }
-    }
-    panic!("no unclaimed port after 200 probes")
-}
+pub use testkit::{free_port, prefix, redis_url};
 
 /// A real upstream: answers every request with 200 and counts them, except the gateway's own questions:
 /// booking's availability (`GET /events/{id}/availability`), answered from `sold_out` and `seats_available`,

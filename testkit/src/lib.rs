@@ -1,0 +1,53 @@
+//! What booking's and the gateway's integration tests share: the stack's Redis, a key prefix of a test's own,
+//! ports for the servers tests start, and bounded waiting.
+
+use std::time::Duration;
+
+/// The stack's Redis (`deploy/test` exports `REDIS_URL`).
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| {
+        panic!("REDIS_URL is not set: run the tests with `deploy/test`, which starts Postgres and Redis")
+    })
+}
+
+/// A Redis key prefix no other test (or earlier run) uses.
+pub fn prefix() -> String {
+    format!("t{:016x}:", rand::random::<u64>())
+}
+
+/// A port for a server process a test starts (which binds it itself). The kernel's choice of a free port is
+/// claimed by creating a file named after it in a directory every test shares, so no two tests (nextest runs
+/// each in its own process) are handed the same port between the probe and the bind. Claims older than ten
+/// minutes are stale (no test runs that long) and are taken again.
+pub fn free_port() -> u16 {
+    let dir = std::env::temp_dir().join("onsale-test-ports");
+    std::fs::create_dir_all(&dir).expect("the port claims' directory");
+    for _ in 0..200 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("probe").local_addr().expect("addr").port();
+        let claim = dir.join(port.to_string());
+        if std::fs::OpenOptions::new().write(true).create_new(true).open(&claim).is_ok() {
+            return port;
+        }
+        let stale = std::fs::metadata(&claim)
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| at.elapsed().is_ok_and(|age| age > Duration::from_secs(600)));
+        if stale {
+            let _ = std::fs::remove_file(&claim);
+        }
+    }
+    panic!("no unclaimed port after 200 probes")
+}
+
+/// Waits (bounded) until `check` holds; says whether it did.
+pub async fn eventually(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
