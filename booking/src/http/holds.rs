@@ -5,7 +5,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -13,12 +12,14 @@ use super::AppState;
 use super::auth::Proof;
 use super::error::{ApiError, ApiJson, ApiPath};
 use super::events::catalogue;
-use super::orders::{in_flight, key_reused, optional_idempotency_key};
+use super::hold_views::{
+    HoldView, account_limit, granted, hold_expired, hold_not_yours, ms_to_rfc3339, seat_unavailable, view,
+};
+use super::idempotency::{in_flight, key_reused, optional_idempotency_key};
 use super::picking;
 use crate::domain::best::Want;
-use crate::domain::{Basket, BasketError, Catalogue, EventId, HoldToken, SeatId, join_seats};
+use crate::domain::{Basket, BasketError, Catalogue, EventId, HoldToken, join_seats};
 use crate::store::holds::{Acquired, Ask, Claim, HoldCheck, HoldKey, HoldRecord};
-use crate::store::orders::rfc3339;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -75,48 +76,6 @@ impl<'de> Deserialize<'de> for Whole {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PricedSeat {
-    pub seat_id: i64,
-    pub label: String,
-    pub ticket_type: String,
-    pub price_cents: i64,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct HoldView {
-    /// Secret handle of the hold: needed to release, extend or check it out.
-    pub hold_token: Uuid,
-    /// RFC 3339, by Redis's clock.
-    pub expires_at: String,
-    pub seats: Vec<PricedSeat>,
-    pub total_cents: i64,
-    pub currency: String,
-    /// The seat map version whose change (on the map's stream) shows this hold's seats as held.
-    pub version: u64,
-    /// For `best_available`: how good the seats are. Absent for named seats and in a replayed answer.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub best_available: Option<PickView>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct PickView {
-    /// `-(1,000,000 × section rank + 1,000 × row rank + twice the seats between the block's centre and its
-    /// row's)`, ranks from 0 in the venue's order: 0 is the best block, higher is better. For seats in several
-    /// blocks, the lowest of theirs.
-    pub score: i64,
-    /// Whether the seats are one block side by side (false only with `allow_split`).
-    pub side_by_side: bool,
-}
-
-/// Free seats offered instead of a seat that went: one block side by side, as many seats as the basket.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Alternative {
-    pub seat_ids: Vec<i64>,
-    pub labels: Vec<String>,
-    pub total_cents: i64,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
 pub struct ReleaseView {
     pub hold_token: Uuid,
     /// Seats that were still held by this token and are now free.
@@ -128,34 +87,6 @@ pub struct ExtendView {
     pub hold_token: Uuid,
     /// The new expiry, RFC 3339; never later than the hold's absolute cap.
     pub expires_at: String,
-}
-
-/// Priced seats of a basket, in its order.
-pub(super) fn priced(cat: &Catalogue, seats: &[SeatId]) -> Vec<PricedSeat> {
-    seats
-        .iter()
-        .map(|&id| match cat.seat(id) {
-            Some(s) => PricedSeat {
-                seat_id: id.0,
-                label: s.label.clone(),
-                ticket_type: cat.ticket_type_name(s.ticket_type_id).to_owned(),
-                price_cents: s.price_cents,
-            },
-            None => PricedSeat { seat_id: id.0, label: cat.label(id), ticket_type: String::new(), price_cents: 0 },
-        })
-        .collect()
-}
-
-pub(super) fn ms_to_rfc3339(ms: i64) -> String {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).map(rfc3339).unwrap_or_default()
-}
-
-/// 409 naming the seat that went, so the page can say which.
-pub(super) fn seat_unavailable(cat: &Catalogue, seat: SeatId) -> ApiError {
-    let label = cat.label(seat);
-    ApiError::conflict("seat_unavailable", format!("{label} is no longer available"))
-        .with("seat_id", seat.0)
-        .with("label", label)
 }
 
 fn basket_error(e: BasketError) -> ApiError {
@@ -189,10 +120,6 @@ pub(super) async fn own_record(
         return Err(hold_not_yours());
     }
     Ok(rec)
-}
-
-pub(super) fn hold_not_yours() -> ApiError {
-    ApiError::forbidden("hold_not_yours", "this hold belongs to another account")
 }
 
 /// Hold seats, every one or none: the seats named, or the best free block booking picks.
@@ -340,49 +267,6 @@ async fn hold(
     }
 }
 
-/// 201 with the hold.
-pub(super) fn granted(
-    cat: &Catalogue,
-    token: HoldToken,
-    seats: &[SeatId],
-    expires_at_ms: i64,
-    version: u64,
-    best_available: Option<PickView>,
-) -> Response {
-    metrics::counter!("booking_holds_total", "outcome" => "granted").increment(1);
-    (StatusCode::CREATED, Json(view(cat, token, seats, expires_at_ms, version, best_available))).into_response()
-}
-
-fn view(
-    cat: &Catalogue,
-    token: HoldToken,
-    seats: &[SeatId],
-    expires_at_ms: i64,
-    version: u64,
-    best_available: Option<PickView>,
-) -> HoldView {
-    let seats = priced(cat, seats);
-    HoldView {
-        hold_token: token.0,
-        expires_at: ms_to_rfc3339(expires_at_ms),
-        total_cents: seats.iter().map(|s| s.price_cents).sum(),
-        seats,
-        currency: cat.event.currency.clone(),
-        version,
-        best_available,
-    }
-}
-
-pub(super) fn account_limit(max: usize, counted: i64) -> ApiError {
-    metrics::counter!("booking_holds_total", "outcome" => "account_limit").increment(1);
-    ApiError::conflict(
-        "account_limit_reached",
-        format!("an account may hold and buy at most {max} seats for this event; it has {counted}"),
-    )
-    .with("max", max)
-    .with("counted", counted)
-}
-
 /// The answer for a key whose request made a hold: the hold as it is now, or `hold_expired` once it ended
 /// (released, lapsed or checked out): a retry never makes a second hold.
 async fn replay(
@@ -465,8 +349,4 @@ pub async fn extend_hold(
         HoldCheck::NotYours => Err(hold_not_yours()),
         _ => Err(ApiError::not_found("hold_not_found", "no such hold")),
     }
-}
-
-pub(super) fn hold_expired() -> ApiError {
-    ApiError::conflict("hold_expired", "this hold has expired; its seats may have gone to someone else")
 }

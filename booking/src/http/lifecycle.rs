@@ -13,7 +13,7 @@ use super::AppState;
 use super::auth::Proof;
 use super::error::{ApiError, ApiPath};
 use super::events::catalogue;
-use super::holds::priced;
+use super::hold_views::priced;
 use super::orders::OrderView;
 use crate::domain::order::{Command, Status};
 use crate::domain::{Catalogue, EventId, OrderId};

@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, path::Operation};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, error, events, holds, lifecycle, live_map, ops, orders, webhooks};
+use super::{admin, error, events, hold_views, holds, lifecycle, live_map, ops, orders, webhooks};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -20,7 +20,7 @@ use super::{admin, error, events, holds, lifecycle, live_map, ops, orders, webho
         admin::get_order, admin::cancel_order, admin::refund_order, admin::event_orders,
         ops::healthz, ops::readyz,
     ),
-    components(schemas(error::ErrorBody, holds::Alternative)),
+    components(schemas(error::ErrorBody, hold_views::Alternative)),
     modifiers(&AdmissionAuth, &Links),
 )]
 struct ApiDoc;

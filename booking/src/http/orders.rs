@@ -17,15 +17,12 @@ use super::AppState;
 use super::auth::Proof;
 use super::error::{ApiError, ApiJson, ApiPath};
 use super::events::catalogue;
-use super::holds::{PricedSeat, hold_expired, hold_not_yours, priced, seat_unavailable};
+use super::hold_views::{PricedSeat, hold_expired, hold_not_yours, priced, seat_unavailable};
+use super::idempotency::{idempotency_key, in_flight, key_reused};
 use crate::domain::order::CancelReason;
 use crate::domain::{Catalogue, EventId, HoldToken, SeatId};
 use crate::store::holds::{HoldCheck, HoldRecord};
 use crate::store::orders::{self, Answer, Checkout, CheckoutError, NewOrder, Order, Recorded, rfc3339};
-
-/// Longest accepted idempotency key (also written out in `create_order`'s OpenAPI header parameter; the bad-input
-/// test holds both to it).
-const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -77,26 +74,6 @@ fn view(order: &Order, cat: &Catalogue) -> OrderView {
         paid_at: None,
         created_at: rfc3339(order.created_at),
     }
-}
-
-fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
-    optional_idempotency_key(headers)?
-        .ok_or_else(|| ApiError::bad_request("idempotency_key_missing", "checkout needs an Idempotency-Key header"))
-}
-
-/// The request's `Idempotency-Key`, if it has one; 400 if it is not 1 to 255 visible ASCII characters.
-pub(super) fn optional_idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
-    let Some(raw) = headers.get("idempotency-key") else {
-        return Ok(None);
-    };
-    let key = raw.to_str().unwrap_or("");
-    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES || !key.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(ApiError::bad_request(
-            "idempotency_key_invalid",
-            format!("Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_BYTES} visible ASCII characters"),
-        ));
-    }
-    Ok(Some(key))
 }
 
 /// Check out a hold: creates a `reserved` order for all of its seats, or nothing.
@@ -183,17 +160,6 @@ pub async fn create_order(
 
     // The seats were marked sold in Redis before the batch answered (store/batcher.rs).
     Ok((StatusCode::CREATED, Json(view(&order, &cat))).into_response())
-}
-
-pub(super) fn in_flight() -> ApiError {
-    ApiError::conflict(
-        "request_in_flight",
-        "a request with this Idempotency-Key is still being processed; retry shortly",
-    )
-}
-
-pub(super) fn key_reused() -> ApiError {
-    ApiError::unprocessable("idempotency_key_reused", "this Idempotency-Key was already used for a different request")
 }
 
 fn account_limit(max: usize, owned: i64) -> ApiError {

@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::AppState;
 use super::error::ApiError;
 use super::events::snapshot;
-use super::holds::{Alternative, PickView, account_limit, granted, priced};
+use super::hold_views::{Alternative, PickView, account_limit, granted, priced};
 use crate::domain::best::{self, Want};
 use crate::domain::{Catalogue, EventId, HoldToken, SeatId, SeatStatus};
 use crate::store::holds::{Acquired, Ask, HoldKey};
