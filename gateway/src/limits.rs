@@ -1,9 +1,18 @@
 //! Rate limits (governor's GCRA): per admitted account on proxied traffic, and a coarser limit per client IP on
 //! joins and polls. The client IP is read from forwarding headers only when the TCP peer is a trusted proxy.
 //! Idle keys are evicted by the ticker, so memory stays bounded by the keys active within one refill period.
+//!
+//! An account's budget is shared by the gateway nodes without a Redis call per request: each node enforces its
+//! share, the rate and the burst divided by the number of live nodes (rounded up), which the ticker reads from
+//! Redis every second (`lua/gateway_nodes.lua`). With N nodes and an account's requests spread over them (as a
+//! CDN or a round-robin balancer does), the account gets at most `ceil(rate / N) × N` requests a second, so
+//! less than `rate + N`, and a burst of less than `burst + N`. Routing that pins an account to one node gives it
+//! one node's share, never more. For a second after a node joins, the others still divide by the old count
+//! (one share too many); a node that dies uncleanly counts for `NODE_ALIVE` more (the others stay stricter).
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
+use std::sync::RwLock;
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
@@ -11,12 +20,30 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use ipnet::IpNet;
 use tokens::AccountId;
 
+/// How long a node counts as alive after it last said so; it says so every second.
+pub const NODE_ALIVE: Duration = Duration::from_secs(3);
+
 /// The gateway's limiters.
 pub struct Limits {
-    per_account: DefaultKeyedRateLimiter<AccountId>,
+    per_account: RwLock<Shared>,
+    account_rps: u32,
+    account_burst: u32,
     per_ip: DefaultKeyedRateLimiter<IpAddr>,
     trusted: Vec<IpNet>,
     clock: DefaultClock,
+}
+
+/// The account limiter for one count of live nodes.
+struct Shared {
+    nodes: u32,
+    limiter: DefaultKeyedRateLimiter<AccountId>,
+}
+
+impl Shared {
+    fn new(rps: u32, burst: u32, nodes: u32) -> Self {
+        let nodes = nodes.max(1);
+        Self { nodes, limiter: RateLimiter::keyed(quota(rps.div_ceil(nodes), burst.max(rps).div_ceil(nodes))) }
+    }
 }
 
 fn quota(per_second: u32, burst: u32) -> Quota {
@@ -28,16 +55,35 @@ fn quota(per_second: u32, burst: u32) -> Quota {
 impl Limits {
     pub fn new(account_rps: u32, account_burst: u32, ip_rps: u32, ip_burst: u32, trusted: Vec<IpNet>) -> Self {
         Self {
-            per_account: RateLimiter::keyed(quota(account_rps, account_burst)),
+            per_account: RwLock::new(Shared::new(account_rps, account_burst, 1)),
+            account_rps,
+            account_burst,
             per_ip: RateLimiter::keyed(quota(ip_rps, ip_burst)),
             trusted,
             clock: DefaultClock::default(),
         }
     }
 
-    /// `Err(wait)` when the account is over its limit.
+    /// `Err(wait)` when the account is over this node's share of its limit.
     pub fn check_account(&self, account: &AccountId) -> Result<(), Duration> {
-        self.per_account.check_key(account).map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+        let shared = self.per_account.read().unwrap_or_else(|p| p.into_inner());
+        shared.limiter.check_key(account).map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+    }
+
+    /// How many gateway nodes share each account's budget.
+    pub fn nodes(&self) -> u32 {
+        self.per_account.read().unwrap_or_else(|p| p.into_inner()).nodes
+    }
+
+    /// Sets how many gateway nodes share each account's budget. A new count starts the accounts' limits afresh
+    /// at the new share (counts change rarely: a node starts or stops).
+    pub fn set_nodes(&self, nodes: u32) {
+        let nodes = nodes.max(1);
+        if self.nodes() == nodes {
+            return;
+        }
+        let fresh = Shared::new(self.account_rps, self.account_burst, nodes);
+        *self.per_account.write().unwrap_or_else(|p| p.into_inner()) = fresh;
     }
 
     /// `Err(wait)` when the IP is over its limit.
@@ -47,15 +93,18 @@ impl Limits {
 
     /// Forgets keys whose limit has fully refilled (they would start afresh anyway).
     pub fn evict_idle(&self) {
-        self.per_account.retain_recent();
-        self.per_account.shrink_to_fit();
+        {
+            let shared = self.per_account.read().unwrap_or_else(|p| p.into_inner());
+            shared.limiter.retain_recent();
+            shared.limiter.shrink_to_fit();
+        }
         self.per_ip.retain_recent();
         self.per_ip.shrink_to_fit();
     }
 
     /// Keys currently tracked (accounts, IPs).
     pub fn tracked(&self) -> (usize, usize) {
-        (self.per_account.len(), self.per_ip.len())
+        (self.per_account.read().unwrap_or_else(|p| p.into_inner()).limiter.len(), self.per_ip.len())
     }
 
     /// Whether `ip` is a trusted proxy, whose forwarding headers are believed.

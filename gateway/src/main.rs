@@ -134,6 +134,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         every: cfg.tick(),
         admit_burst,
         max_walk: MAX_WALK,
+        node: format!("{:016x}", rand::random::<u64>()),
     };
     server.add_service(background_service("queue ticker", ticker));
     let admin = Admin {

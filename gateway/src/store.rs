@@ -144,11 +144,17 @@ pub fn rooms_key(prefix: &str) -> String {
     format!("{prefix}queue:rooms")
 }
 
+/// The gateway nodes that said lately that they are alive (`lua/gateway_nodes.lua`).
+pub fn nodes_key(prefix: &str) -> String {
+    format!("{prefix}gateway:nodes")
+}
+
 struct Scripts {
     join: Script,
     admit: Script,
     set_state: Script,
     touch: Script,
+    nodes: Script,
 }
 
 impl Scripts {
@@ -158,6 +164,7 @@ impl Scripts {
             admit: Script::new(include_str!("../../lua/queue_admit.lua")),
             set_state: Script::new(include_str!("../../lua/queue_set_state.lua")),
             touch: Script::new(include_str!("../../lua/queue_touch.lua")),
+            nodes: Script::new(include_str!("../../lua/gateway_nodes.lua")),
         }
     }
 }
@@ -397,6 +404,15 @@ impl QueueStore {
         let mut conn = self.conn.clone();
         let _: u64 = self.run(inv.invoke_async(&mut conn)).await?;
         Ok(())
+    }
+
+    /// Says this node is alive (or, `leaving`, that it is not) and returns how many nodes are.
+    pub async fn register_node(&self, node: &str, alive: Duration, leaving: bool) -> Result<u32, StoreError> {
+        let mut inv = self.scripts.nodes.prepare_invoke();
+        inv.key(nodes_key(&self.prefix)).arg(node).arg(alive.as_millis() as u64).arg(if leaving { "1" } else { "0" });
+        let mut conn = self.conn.clone();
+        let count: u64 = self.run(inv.invoke_async(&mut conn)).await?;
+        Ok(u32::try_from(count).unwrap_or(u32::MAX))
     }
 
     /// The events that have a waiting room.

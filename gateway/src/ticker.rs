@@ -15,7 +15,7 @@ use pingora::services::background::BackgroundService;
 
 use tokens::{AccountId, AdmissionClaims, Keyring};
 
-use crate::limits::Limits;
+use crate::limits::{Limits, NODE_ALIVE};
 use crate::room::{History, Live, QueueState, Room, Rooms};
 use crate::store::{LazyStore, QueueStore, Stepped, StoreError};
 use crate::upstreams::Upstreams;
@@ -29,6 +29,8 @@ pub struct Ticker {
     pub every: Duration,
     pub admit_burst: Duration,
     pub max_walk: u64,
+    /// This node's id among the gateway nodes that share each account's budget.
+    pub node: String,
 }
 
 #[async_trait]
@@ -39,12 +41,23 @@ impl BackgroundService for Ticker {
         let mut failing = false;
         let mut last_eviction = Instant::now();
         let mut last_availability = Instant::now();
+        let mut last_registration: Option<Instant> = None;
         // Made here, inside this service's runtime, like the Redis connection.
         let connector = Connector::new(None);
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
-                _ = shutdown.changed() => return,
+                _ = shutdown.changed() => {
+                    // The other nodes take this one's share back at their next registration.
+                    if let Ok(store) = self.store.get() {
+                        let _ = store.register_node(&self.node, NODE_ALIVE, true).await;
+                    }
+                    return;
+                }
+            }
+            if last_registration.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                last_registration = Some(Instant::now());
+                self.register().await;
             }
             match self.tick().await {
                 Ok(()) if failing => {
@@ -92,6 +105,19 @@ struct BookingAvailability {
 }
 
 impl Ticker {
+    /// Says this node is alive and sets each account's share from the count of live nodes; on a Redis failure the
+    /// share stays as it was.
+    async fn register(&self) {
+        let Ok(store) = self.store.get() else { return };
+        match store.register_node(&self.node, NODE_ALIVE, false).await {
+            Ok(nodes) => {
+                self.limits.set_nodes(nodes);
+                metrics::gauge!("gateway_nodes").set(f64::from(nodes));
+            }
+            Err(e) => tracing::debug!(error = %e, "could not register this gateway node; the limits' share stays"),
+        }
+    }
+
     /// Moves open or paused rooms whose event booking reports sold out to `sold_out`, and back to `open` when
     /// seats return; marks a room `all_held` while every seat left is held, and clears it when one comes back.
     /// Failures are logged and retried at the next check.

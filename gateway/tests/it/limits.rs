@@ -1,5 +1,7 @@
 //! Rate limits and the admin listener's guard.
 
+use std::time::Duration;
+
 use futures::future::join_all;
 use serde_json::json;
 use tokens::unix_now;
@@ -25,6 +27,47 @@ async fn an_account_over_its_limit_gets_429_while_another_is_unaffected() {
     }
     assert_eq!(gw.get(&path, &[("authorization", &light)]).await.status, 200, "another account is not limited");
     assert_eq!(upstream.hits(), 4, "limited requests never reach booking");
+    upstream.stop().await;
+}
+
+/// How many gateway nodes this node says share each account's budget (its `gateway_nodes` gauge).
+async fn nodes_seen(gw: &GatewayProcess) -> Option<u32> {
+    let metrics = gw.send(gw.client.get(format!("{}/metrics", gw.admin))).await;
+    metrics.text.lines().find_map(|l| l.strip_prefix("gateway_nodes ")).and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_share_an_accounts_budget_and_one_takes_it_whole_when_the_other_leaves() {
+    let upstream = Upstream::start().await;
+    let shared = prefix();
+    let node = || Node::new(upstream.addr, &shared).arg("--account-rps", 1).arg("--account-burst", 10);
+    let (a, b) = (GatewayProcess::start(node()).await, GatewayProcess::start(node()).await);
+    let both = testkit::eventually(Duration::from_secs(10), async || {
+        nodes_seen(&a).await == Some(2) && nodes_seen(&b).await == Some(2)
+    })
+    .await;
+    assert!(both, "each node counts two: {:?} {:?}", nodes_seen(&a).await, nodes_seen(&b).await);
+
+    // 40 requests at once, spread over the two nodes as a balancer would: each node lets its share of the burst
+    // (5 of 10) through, so the account gets its burst once, not once per node.
+    let event = 202;
+    let auth = format!("Bearer {}", proof_for("fan-spread", KEYS, event, unix_now(), 60));
+    let path = format!("/events/{event}/seats");
+    let headers = [("authorization", auth.as_str())];
+    let nodes = [&a, &b];
+    let replies = join_all((0..40).map(|i| nodes[i % 2].get(&path, &headers))).await;
+    let passed = replies.iter().filter(|r| r.status == 200).count();
+    assert!((10..=12).contains(&passed), "{passed} of 40 passed: the burst of 10, and at most a refill per node");
+    assert!(replies.iter().all(|r| r.status == 200 || r.status == 429));
+
+    // The second node stops: the first takes the whole budget back within a couple of seconds.
+    drop(b);
+    let alone = testkit::eventually(Duration::from_secs(10), async || nodes_seen(&a).await == Some(1)).await;
+    assert!(alone, "the node counts itself alone: {:?}", nodes_seen(&a).await);
+    let other = format!("Bearer {}", proof_for("fan-alone", KEYS, event, unix_now(), 60));
+    let replies = join_all((0..20).map(|_| async { a.get(&path, &[("authorization", &other)]).await })).await;
+    let passed = replies.iter().filter(|r| r.status == 200).count();
+    assert!((10..=11).contains(&passed), "{passed} of 20 passed on the node alone: the whole burst of 10");
     upstream.stop().await;
 }
 
