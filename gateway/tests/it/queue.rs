@@ -429,22 +429,52 @@ async fn a_poll_counts_the_ticket_cookie_beside_an_account_token_and_names_an_ac
 struct OwnRedis {
     child: std::process::Child,
     port: u16,
+    /// Where it keeps its append-only file, when it keeps one.
+    dir: Option<std::path::PathBuf>,
 }
 
 impl OwnRedis {
     async fn start() -> Self {
+        Self::spawn(free_port(), None).await
+    }
+
+    /// A Redis that persists as the stack's does: the append-only file, fsynced every second.
+    async fn start_persistent() -> Self {
         let port = free_port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server (installed by deploy/stack services)");
+        let dir = std::env::temp_dir().join(format!("onsale-redis-{port}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("Redis's directory");
+        Self::spawn(port, Some(dir)).await
+    }
+
+    async fn spawn(port: u16, dir: Option<std::path::PathBuf>) -> Self {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""]);
+        match &dir {
+            Some(dir) => cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]).arg("--dir").arg(dir),
+            None => cmd.args(["--appendonly", "no"]),
+        };
+        let child = cmd.stdout(Stdio::null()).spawn().expect("redis-server (installed by deploy/stack services)");
         let deadline = Instant::now() + Duration::from_secs(5);
         while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
             assert!(Instant::now() < deadline, "redis-server did not listen");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Self { child, port }
+        Self { child, port, dir }
+    }
+
+    /// Stops the server, cleanly (`SHUTDOWN`, which writes what it has) or not (SIGKILL), and starts it again on
+    /// the same port and files.
+    async fn restart(&mut self, clean: bool) {
+        if clean {
+            let _ = Command::new("redis-cli").args(["-p", &self.port.to_string(), "shutdown"]).status();
+        } else {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        let again = Self::spawn(self.port, self.dir.take()).await;
+        let old = std::mem::replace(self, again);
+        std::mem::forget(old);
     }
 }
 
@@ -452,6 +482,9 @@ impl Drop for OwnRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -489,6 +522,56 @@ async fn redis_down_means_503_for_the_queue_while_admitted_fans_still_reach_book
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(gw.room(event).await.status, 503);
+    upstream.stop().await;
+}
+
+/// Each fan's position in the queue, as a new join of the same account answers it.
+async fn positions(gw: &GatewayProcess, event: i64, fans: &[String]) -> Vec<Option<u64>> {
+    let mut out = Vec::new();
+    for fan in fans {
+        let joined = gw.join(event, fan).await;
+        assert_eq!(joined.status, 200, "{}", joined.text);
+        out.push(joined.body["position"].as_u64());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_mid_queue_keeps_every_room_and_place() {
+    let upstream = Upstream::start().await;
+    let mut redis_server = OwnRedis::start_persistent().await;
+    let mut node = Node::new(upstream.addr, &prefix());
+    node.redis_url = format!("redis://127.0.0.1:{}/", redis_server.port);
+    let gw = GatewayProcess::start(node).await;
+    let event = 114;
+    // One fan inside at a time, and nobody skipped: the others wait where they are.
+    gw.configure(
+        event,
+        json!({"state": "open", "admit_per_minute": 1, "max_active": 1, "abandon_after_seconds": 3600}),
+    )
+    .await;
+    gw.wait_for_room(event).await;
+    let fans: Vec<String> = (0..5).map(|i| format!("fan-kept-{i}")).collect();
+    let before = positions(&gw, event, &fans).await;
+    assert_eq!(before, [None, Some(1), Some(2), Some(3), Some(4)], "the first is in, the others wait in order");
+
+    // A clean restart (an operator's, or a deploy's): every room and place is there again.
+    redis_server.restart(true).await;
+    // A join is answered by Redis (`queue_join`), which knows the room only from its keys there.
+    let back = testkit::eventually(Duration::from_secs(10), async || gw.join(event, "fan-probe").await.status == 200);
+    assert!(back.await, "the room is there again");
+    assert_eq!(positions(&gw, event, &fans).await, before, "every fan kept its place");
+
+    // A crash (SIGKILL) loses at most the last second of writes: joins older than that are kept.
+    let late: Vec<String> = (0..3).map(|i| format!("fan-late-{i}")).collect();
+    let joined = positions(&gw, event, &late).await;
+    assert_eq!(joined, [Some(6), Some(7), Some(8)], "joiners after the restart come after the others (and the probe)");
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    redis_server.restart(false).await;
+    let back = testkit::eventually(Duration::from_secs(10), async || gw.join(event, "fan-probe").await.status == 200);
+    assert!(back.await, "the room is there again after a crash");
+    assert_eq!(positions(&gw, event, &fans).await, before, "places older than a second survive a crash");
+    assert_eq!(positions(&gw, event, &late).await, joined);
     upstream.stop().await;
 }
 
