@@ -98,6 +98,9 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
         ip: format!("10.{}.{}.{}", (n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff),
     };
     let event = s.event;
+    if s.gateways.len() > 1 {
+        user.set_base_url(&s.gateways[n % s.gateways.len()])?;
+    }
 
     // Join.
     let joined_at = Instant::now();

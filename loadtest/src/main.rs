@@ -76,9 +76,10 @@ struct MapBenchArgs {
 
 #[derive(Debug, Args)]
 struct OnsaleArgs {
-    /// The gateway's public URL.
-    #[arg(long, env = "GATEWAY_URL", default_value = "http://127.0.0.1:18000")]
-    gateway: String,
+    /// The gateway's public URL, or several gateway nodes' URLs, comma-separated: fans are spread over them
+    /// round robin, as a CDN spreads its clients.
+    #[arg(long, env = "GATEWAY_URLS", default_value = "http://127.0.0.1:18000", value_delimiter = ',')]
+    gateway: Vec<String>,
     /// The event on sale (it must have a waiting room).
     #[arg(long)]
     event: i64,
@@ -195,6 +196,8 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
 
 async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.fans > 0 && args.connections > 0, "--fans and --connections must be at least 1");
+    anyhow::ensure!(!args.gateway.is_empty() && args.gateway.iter().all(|g| !g.is_empty()), "--gateway names no URL");
+    let first = args.gateway[0].clone();
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let settings = Settings {
         event: args.event,
@@ -208,6 +211,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         think_ms: (args.think_min_ms, args.think_max_ms),
         hold_attempts: args.hold_attempts,
         max_wait: Duration::from_secs(args.max_wait_seconds),
+        gateways: args.gateway.clone(),
     };
     let run = Run {
         settings,
@@ -219,7 +223,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         anyhow::bail!("one run per process");
     }
     let run = fan::RUN.get().context("the run")?;
-    let map = map::LiveMap::start(&args.gateway, args.event, args.map_streams)
+    let map = map::LiveMap::start(&first, args.event, args.map_streams)
         .await
         .context("reading the event's seat map (layout and status) through the gateway")?;
     if fan::MAP.set(map.clone()).is_err() {
@@ -229,7 +233,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         "on-sale: {} fans arriving over {} s at {} (event {}), {} connections; report in {}",
         args.fans,
         args.burst_seconds,
-        args.gateway,
+        args.gateway.join(", "),
         args.event,
         args.connections,
         args.out.display()
@@ -269,7 +273,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         .set_client_builder_without_cookies(
             goose::client::GooseClientBuilder::new().without_cookies().timeout(Duration::from_secs(30)),
         )?
-        .set_default(GooseDefault::Host, args.gateway.as_str())?
+        .set_default(GooseDefault::Host, first.as_str())?
         .set_default(GooseDefault::Users, args.fans)?
         .set_default(GooseDefault::IncreaseRate, format!("{hatch_rate}").as_str())?
         .set_default(GooseDefault::Iterations, 1)?

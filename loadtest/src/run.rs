@@ -33,6 +33,8 @@ pub struct Settings {
     pub hold_attempts: u32,
     /// The longest a fan waits in the queue.
     pub max_wait: Duration,
+    /// The gateway nodes' URLs: fan n goes to the (n mod count)-th, as a CDN spreads its clients.
+    pub gateways: Vec<String>,
 }
 
 /// A confirmed order, as the fan saw it (the invariant checker looks each one up).
