@@ -244,12 +244,14 @@ async fn hold(
     asked: &Asked,
     claim: Option<&HoldKey>,
 ) -> Result<Response, ApiError> {
+    let basket = match asked {
+        Asked::Seats(basket) => basket,
+        Asked::Best { want, allow_split } => {
+            return picking::best_available(state, cat, event, account, want, *allow_split, claim).await;
+        }
+    };
     let token = HoldToken::generate();
     let max = state.limits.max_seats_per_account;
-    let Asked::Seats(basket) = asked else {
-        let Asked::Best { want, allow_split } = asked else { unreachable!("two kinds of request") };
-        return picking::best_available(state, cat, event, account, want, *allow_split, claim).await;
-    };
     let seats = basket.seats();
     let ask =
         Ask { account, token, seats, blocks: &[0], block_size: seats.len(), max_per_account: max, idempotency: claim };
