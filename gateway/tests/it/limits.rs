@@ -55,9 +55,16 @@ async fn two_nodes_share_an_accounts_budget_and_one_takes_it_whole_when_the_othe
     let path = format!("/events/{event}/seats");
     let headers = [("authorization", auth.as_str())];
     let nodes = [&a, &b];
+    let started = std::time::Instant::now();
     let replies = join_all((0..40).map(|i| nodes[i % 2].get(&path, &headers))).await;
+    // Each node's share refills at 1 a second (the rate, 1, divided by 2 and rounded up) while they run.
+    let refills = 2 * started.elapsed().as_secs().saturating_add(1) as usize;
+    assert!(10 + refills < 20, "the box was too slow to tell one shared burst from one per node");
     let passed = replies.iter().filter(|r| r.status == 200).count();
-    assert!((10..=12).contains(&passed), "{passed} of 40 passed: the burst of 10, and at most a refill per node");
+    assert!(
+        (10..=10 + refills).contains(&passed),
+        "{passed} of 40 passed: the burst of 10, plus at most {refills} refills"
+    );
     assert!(replies.iter().all(|r| r.status == 200 || r.status == 429));
 
     // The second node stops: the first takes the whole budget back within a couple of seconds.
@@ -65,9 +72,11 @@ async fn two_nodes_share_an_accounts_budget_and_one_takes_it_whole_when_the_othe
     let alone = testkit::eventually(Duration::from_secs(10), async || nodes_seen(&a).await == Some(1)).await;
     assert!(alone, "the node counts itself alone: {:?}", nodes_seen(&a).await);
     let other = format!("Bearer {}", proof_for("fan-alone", KEYS, event, unix_now(), 60));
+    let started = std::time::Instant::now();
     let replies = join_all((0..20).map(|_| async { a.get(&path, &[("authorization", &other)]).await })).await;
+    let refills = started.elapsed().as_secs().saturating_add(1) as usize;
     let passed = replies.iter().filter(|r| r.status == 200).count();
-    assert!((10..=11).contains(&passed), "{passed} of 20 passed on the node alone: the whole burst of 10");
+    assert!((10..=10 + refills).contains(&passed), "{passed} of 20 passed on the node alone: the whole burst of 10");
     upstream.stop().await;
 }
 
