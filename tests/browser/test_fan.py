@@ -5,7 +5,7 @@ available; and a phone's screen."""
 import re
 import time
 
-from conftest import GATEWAY, QUEUE, SALE, api, layout
+from conftest import QUEUE, SALE, api, layout, queue_link
 
 
 def wait_for(check, within, what):
@@ -29,8 +29,6 @@ def tab_to(page, element_id, presses=30):
 
 def test_the_waiting_room_shows_a_fan_the_pre_queue(fans):
     fan = fans("queue-fan")
-    from conftest import queue_link
-
     fan.page.goto(queue_link("queue-fan", QUEUE))
     fan.page.wait_for_selector("text=The sale has not opened yet", timeout=15_000)
     assert "Opens at" in fan.page.inner_text("#eta")
@@ -154,4 +152,3 @@ def test_the_picker_fits_a_phone(fans):
     for sel in ["#zoom-in", "#zoom-out", "#zoom-fit", "#best-quantity", "#best-go"]:
         assert fan.page.locator(sel).is_visible(), sel
     assert fan.page.get_attribute("#map", "aria-label")
-    assert GATEWAY

@@ -87,17 +87,10 @@ pub(super) fn hold_not_yours() -> ApiError {
     ApiError::forbidden("hold_not_yours", "this hold belongs to another account")
 }
 
-/// 201 with the hold.
-pub(super) fn granted(
-    cat: &Catalogue,
-    token: HoldToken,
-    seats: &[SeatId],
-    expires_at_ms: i64,
-    version: u64,
-    best_available: Option<PickView>,
-) -> Response {
+/// 201 with a hold just granted.
+pub(super) fn granted(hold: HoldView) -> Response {
     metrics::counter!("booking_holds_total", "outcome" => "granted").increment(1);
-    (StatusCode::CREATED, Json(view(cat, token, seats, expires_at_ms, version, best_available))).into_response()
+    (StatusCode::CREATED, Json(hold)).into_response()
 }
 
 pub(super) fn view(

@@ -257,7 +257,7 @@ async fn hold(
         Ask { account, token, seats, blocks: &[0], block_size: seats.len(), max_per_account: max, idempotency: claim };
     match state.holds.acquire(event, &ask).await? {
         Acquired::Granted { expires_at_ms, version, .. } => {
-            Ok(granted(cat, token, seats, expires_at_ms, version, None))
+            Ok(granted(view(cat, token, seats, expires_at_ms, version, None)))
         }
         Acquired::SeatTaken { index } => {
             metrics::counter!("booking_holds_total", "outcome" => "seat_unavailable").increment(1);

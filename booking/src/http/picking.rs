@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::AppState;
 use super::error::ApiError;
 use super::events::snapshot;
-use super::hold_views::{Alternative, PickView, account_limit, granted, priced};
+use super::hold_views::{Alternative, PickView, account_limit, granted, priced, view};
 use crate::domain::best::{self, Want};
 use crate::domain::{Catalogue, EventId, HoldToken, SeatId, SeatStatus};
 use crate::store::holds::{Acquired, Ask, HoldKey};
@@ -65,7 +65,7 @@ pub(super) async fn best_available(
             Acquired::Granted { expires_at_ms, version, block } => {
                 let picked = &blocks[block];
                 let pick = PickView { score: picked.score, side_by_side: picked.together };
-                return Ok(granted(cat, token, &picked.seats, expires_at_ms, version, Some(pick)));
+                return Ok(granted(view(cat, token, &picked.seats, expires_at_ms, version, Some(pick))));
             }
             Acquired::NoneFree | Acquired::SeatTaken { .. } => newer_than = Some(snap.read_at()),
             Acquired::AccountCap { counted } => return Err(account_limit(max, counted)),

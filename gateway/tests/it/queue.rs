@@ -448,9 +448,14 @@ impl OwnRedis {
     }
 
     async fn spawn(port: u16, dir: Option<std::path::PathBuf>) -> Self {
+        Self { child: Self::server(port, dir.as_deref()).await, port, dir }
+    }
+
+    /// A redis-server on `port`, listening; persisting in `dir` if given.
+    async fn server(port: u16, dir: Option<&std::path::Path>) -> std::process::Child {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""]);
-        match &dir {
+        match dir {
             Some(dir) => cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]).arg("--dir").arg(dir),
             None => cmd.args(["--appendonly", "no"]),
         };
@@ -460,7 +465,7 @@ impl OwnRedis {
             assert!(Instant::now() < deadline, "redis-server did not listen");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Self { child, port, dir }
+        child
     }
 
     /// Stops the server, cleanly (`SHUTDOWN`, which writes what it has) or not (SIGKILL), and starts it again on
@@ -472,9 +477,7 @@ impl OwnRedis {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
-        let again = Self::spawn(self.port, self.dir.take()).await;
-        let old = std::mem::replace(self, again);
-        std::mem::forget(old);
+        self.child = Self::server(self.port, self.dir.as_deref()).await;
     }
 }
 
