@@ -1,6 +1,8 @@
 //! `payments`: the fake payment provider, a small service of its own. Booking creates a payment here per order;
 //! a person pays on its checkout page (or a program posts the outcome); it calls booking back with a signed
 //! webhook, retrying while booking answers 5xx or nothing. Payments live in memory.
+//!
+//! A development tool: it listens on loopback unless told otherwise, and calls back only its one webhook URL.
 
 use std::net::SocketAddr;
 
@@ -18,9 +20,15 @@ struct Args {
     /// Address to listen on.
     #[arg(long, env = "PROVIDER_LISTEN", default_value = "127.0.0.1:18090")]
     listen: SocketAddr,
-    /// Secret that signs webhooks (HMAC-SHA256); booking verifies with the same one.
+    /// Listen on an address other than loopback (a demo cluster only: this provider is a development tool).
+    #[arg(long, env = "PROVIDER_ALLOW_REMOTE")]
+    allow_remote: bool,
+    /// The account's secret: booking sends it to create payments, and it signs webhooks (HMAC-SHA256).
     #[arg(long, env = "PAYMENT_WEBHOOK_SECRET", value_parser = secret)]
     webhook_secret: SecretString,
+    /// The one URL events are posted to; a payment asking for another is refused.
+    #[arg(long, env = "PAYMENT_WEBHOOK_URL")]
+    webhook_url: String,
     /// Deliveries of one event at most, with doubling pauses from 100 ms, while booking answers 5xx or nothing.
     #[arg(long, env = "PROVIDER_DELIVERY_ATTEMPTS", default_value_t = 5)]
     delivery_attempts: u32,
@@ -34,10 +42,19 @@ fn secret(raw: &str) -> Result<SecretString, String> {
 async fn main() -> anyhow::Result<()> {
     booking::telemetry::init();
     let args = Args::parse();
+    anyhow::ensure!(
+        args.allow_remote || args.listen.ip().is_loopback(),
+        "the fake provider listens on loopback only; PROVIDER_ALLOW_REMOTE=true to listen on {}",
+        args.listen
+    );
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "fake payment provider listening");
-    let app = booking::provider::router(args.webhook_secret.expose_secret().as_bytes(), args.delivery_attempts);
+    let app = booking::provider::router(
+        args.webhook_secret.expose_secret().as_bytes(),
+        &args.webhook_url,
+        args.delivery_attempts,
+    );
     axum::serve(listener, app).with_graceful_shutdown(booking::shutdown_signal()).await?;
     Ok(())
 }

@@ -30,16 +30,7 @@ impl FromRequestParts<AppState> for Operator {
         let Some(expected) = state.admin_token.as_ref() else {
             return Err(ApiError::forbidden("admin_disabled", "this service has no BOOKING_ADMIN_TOKEN"));
         };
-        let given = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        // Compare every byte whatever the first difference, so timing says nothing of the token.
-        let expected = expected.expose_secret().as_bytes();
-        let same =
-            given.len() == expected.len() && given.bytes().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        let same = crate::bearer_is(parts.headers.get(header::AUTHORIZATION), expected.expose_secret().as_bytes());
         if same {
             Ok(Operator)
         } else {

@@ -130,7 +130,11 @@ impl AppState {
             "need 0 < PAYMENT_WINDOW_SECONDS <= PAYMENT_MAX_SECONDS"
         );
         let payments = Payments {
-            provider: provider::Client::new(&cfg.payment_provider_url, Duration::from_secs(5)),
+            provider: provider::Client::new(
+                &cfg.payment_provider_url,
+                Duration::from_secs(5),
+                cfg.payment_webhook_secret.clone(),
+            ),
             webhook_secret: cfg.payment_webhook_secret.clone(),
             webhook_url: cfg
                 .payment_webhook_url

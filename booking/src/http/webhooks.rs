@@ -40,7 +40,7 @@ pub struct WebhookAnswer {
         (status = 200, body = WebhookAnswer, description = "applied, or nothing to do (also a redelivery)"),
         (status = 401, body = super::ErrorBody, description = "`signature_missing`, `signature_malformed`, `signature_stale`, `signature_mismatch`"),
         (status = 404, body = super::ErrorBody, description = "`order_not_found`"),
-        (status = 422, body = super::ErrorBody, description = "`invalid_event`, `amount_mismatch`"),
+        (status = 422, body = super::ErrorBody, description = "`invalid_event`, `amount_mismatch`, `payment_mismatch`"),
         (status = 400, body = super::ErrorBody), (status = 413, body = super::ErrorBody),
         (status = 503, body = super::ErrorBody, description = "`payments_not_configured`, a store is down"),
     ))]
@@ -98,6 +98,11 @@ pub async fn payment_webhook(
         return Err(ApiError::unprocessable("amount_mismatch", "the payment's amount or currency is not the order's")
             .with("total_cents", order.total_cents)
             .with("currency", order.currency.clone()));
+    }
+    // An event is for the payment booking opened for this order, or for none of its business: the order id
+    // alone is no proof, since the fan knows it.
+    if order.payment_id.as_deref() != Some(event.data.payment_id.as_str()) {
+        return Err(ApiError::unprocessable("payment_mismatch", "this order has no payment with that id"));
     }
     let delivery = Delivery { id: &event.id, kind: &event.kind };
     let outcome = lifecycle::apply(&state.pool, id, Scope::Any, command, Some(delivery), state.payments.window).await?;

@@ -2,6 +2,10 @@
 //! the fan "pays" (`POST /v1/payments/{id}/complete`), and the provider calls booking back with a signed
 //! webhook, retrying on failure like a real one. Payments live in memory; the `payments` binary serves it.
 //!
+//! Like a real provider, it creates payments only for its account holder: booking authenticates with the
+//! account's secret (the one that also signs webhooks), and the provider calls back only the account's webhook
+//! URL. A payment's id is the capability to pay it, as a hosted checkout's URL is.
+//!
 //! Also the client booking uses to talk to it ([`Client`]).
 
 pub mod signature;
@@ -11,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -75,16 +79,20 @@ struct Provider {
     /// The last event of each payment, for redelivery.
     events: Arc<Mutex<HashMap<String, WebhookEvent>>>,
     secret: Arc<[u8]>,
+    /// The only URL events are posted to.
+    webhook_url: Arc<str>,
     http: reqwest::Client,
     attempts: u32,
 }
 
-/// The provider's routes. `secret` signs webhooks; `attempts` bounds deliveries of one event.
-pub fn router(secret: &[u8], attempts: u32) -> Router {
+/// The provider's routes. `secret` authenticates booking and signs webhooks, which go to `webhook_url` only;
+/// `attempts` bounds deliveries of one event.
+pub fn router(secret: &[u8], webhook_url: &str, attempts: u32) -> Router {
     let provider = Provider {
         payments: Arc::default(),
         events: Arc::default(),
         secret: secret.into(),
+        webhook_url: webhook_url.into(),
         http: reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap_or_default(),
         attempts: attempts.max(1),
     };
@@ -103,12 +111,18 @@ fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
 }
 
 /// Creates the order's payment, or returns the one it has (one payment per order).
-async fn create(State(p): State<Provider>, Json(new): Json<NewPayment>) -> Response {
-    if new.amount_cents < 0 || new.currency.len() != 3 || !new.webhook_url.starts_with("http") {
+async fn create(State(p): State<Provider>, headers: HeaderMap, Json(new): Json<NewPayment>) -> Response {
+    if !crate::bearer_is(headers.get(header::AUTHORIZATION), &p.secret) {
+        return refuse(StatusCode::UNAUTHORIZED, "unauthenticated", "creating a payment needs the account's secret");
+    }
+    if new.amount_cents < 0 || new.currency.len() != 3 {
+        return refuse(StatusCode::UNPROCESSABLE_ENTITY, "invalid_payment", "amount or currency is invalid");
+    }
+    if new.webhook_url != *p.webhook_url {
         return refuse(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_payment",
-            "amount, currency or webhook_url is invalid",
+            "webhook_url_refused",
+            "events go only to the account's configured webhook URL",
         );
     }
     let mut payments = p.payments.lock().unwrap_or_else(|e| e.into_inner());
@@ -262,19 +276,26 @@ pub enum ProviderError {
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// The account's secret, sent as the bearer token that creates payments.
+    secret: Option<secrecy::SecretString>,
 }
 
 impl Client {
-    pub fn new(base: &str, timeout: Duration) -> Self {
+    pub fn new(base: &str, timeout: Duration, secret: Option<secrecy::SecretString>) -> Self {
         Self {
             base: base.trim_end_matches('/').to_owned(),
             http: reqwest::Client::builder().timeout(timeout).build().unwrap_or_default(),
+            secret,
         }
     }
 
     /// Creates the order's payment (or gets the one it has).
     pub async fn create_payment(&self, new: &NewPayment) -> Result<Payment, ProviderError> {
-        let res = self.http.post(format!("{}/v1/payments", self.base)).json(new).send().await?;
+        let mut req = self.http.post(format!("{}/v1/payments", self.base)).json(new);
+        if let Some(secret) = &self.secret {
+            req = req.bearer_auth(secrecy::ExposeSecret::expose_secret(secret));
+        }
+        let res = req.send().await?;
         if !res.status().is_success() {
             let status = res.status().as_u16();
             return Err(ProviderError::Refused { status, body: res.text().await.unwrap_or_default() });

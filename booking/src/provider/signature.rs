@@ -11,6 +11,13 @@ pub const HEADER: &str = "payment-signature";
 /// How far a signature's timestamp may be from our clock, in seconds.
 pub const TOLERANCE_SECONDS: i64 = 300;
 
+/// Longest header read: a timestamp and a few signatures fit in a tenth of it. Anything longer is refused
+/// before any MAC is computed.
+pub const MAX_HEADER_BYTES: usize = 1024;
+
+/// Most `v1` values compared: a provider rotating its secret sends two.
+pub const MAX_SIGNATURES: usize = 4;
+
 type HmacSha256 = Hmac<Sha256>;
 
 fn mac(secret: &[u8], t: i64, body: &[u8]) -> HmacSha256 {
@@ -32,7 +39,10 @@ pub fn sign(secret: &[u8], t: i64, body: &[u8]) -> String {
 pub enum Refusal {
     #[error("the Payment-Signature header is missing")]
     Missing,
-    #[error("the Payment-Signature header is not `t=<unix seconds>,v1=<hex>`")]
+    #[error(
+        "the Payment-Signature header is not `t=<unix seconds>,v1=<64 hex digits>` with at most {MAX_SIGNATURES} \
+         signatures in {MAX_HEADER_BYTES} bytes"
+    )]
     Malformed,
     #[error("the signature's timestamp is more than {TOLERANCE_SECONDS} s from now")]
     Stale,
@@ -40,27 +50,40 @@ pub enum Refusal {
     Mismatch,
 }
 
-/// Checks `header` against `body` at unix time `now`, in constant time.
+/// Checks `header` against `body` at unix time `now`. The MAC is computed once, whatever the header holds,
+/// and compared in constant time with each signature.
 pub fn verify(secret: &[u8], header: Option<&str>, body: &[u8], now: i64) -> Result<(), Refusal> {
     let header = header.ok_or(Refusal::Missing)?;
+    if header.len() > MAX_HEADER_BYTES {
+        return Err(Refusal::Malformed);
+    }
     let mut t = None;
-    let mut v1 = Vec::new();
+    let mut v1: Vec<[u8; 32]> = Vec::new();
     for part in header.split(',') {
         match part.trim().split_once('=') {
-            Some(("t", v)) => t = Some(v.parse::<i64>().map_err(|_| Refusal::Malformed)?),
-            Some(("v1", v)) => v1.push(hex::decode(v).map_err(|_| Refusal::Malformed)?),
+            Some(("t", v)) if t.is_none() => t = Some(v.parse::<i64>().map_err(|_| Refusal::Malformed)?),
+            Some(("t", _)) => return Err(Refusal::Malformed),
+            Some(("v1", v)) => {
+                let mut sig = [0u8; 32];
+                hex::decode_to_slice(v, &mut sig).map_err(|_| Refusal::Malformed)?;
+                v1.push(sig);
+            }
             _ => {}
         }
     }
     let t = t.ok_or(Refusal::Malformed)?;
-    if v1.is_empty() {
+    if v1.is_empty() || v1.len() > MAX_SIGNATURES {
         return Err(Refusal::Malformed);
     }
     if (now - t).abs() > TOLERANCE_SECONDS {
         return Err(Refusal::Stale);
     }
+    let expected = mac(secret, t, body).finalize();
     // Several v1 values may be sent while the secret rotates; one match is enough.
-    if v1.iter().any(|sig| mac(secret, t, body).verify_slice(sig).is_ok()) { Ok(()) } else { Err(Refusal::Mismatch) }
+    let matches = v1
+        .iter()
+        .fold(false, |found, sig| found | (hmac::digest::CtOutput::<HmacSha256>::new((*sig).into()) == expected));
+    if matches { Ok(()) } else { Err(Refusal::Mismatch) }
 }
 
 #[cfg(test)]
@@ -80,8 +103,16 @@ mod tests {
         let moved = h.replace("t=1000", "t=1001");
         assert_eq!(verify(SECRET, Some(&moved), body, 1_001), Err(Refusal::Mismatch));
         assert_eq!(verify(SECRET, None, body, 1_000), Err(Refusal::Missing));
-        for bad in ["", "t=x,v1=00", "v1=00", "t=1000", "t=1000,v1=zz"] {
+        let sig = h.split_once("v1=").map(|(_, v)| v).unwrap_or_default();
+        let five = format!("t=1000{}", format!(",v1={sig}").repeat(MAX_SIGNATURES + 1));
+        let long = format!("{h},{}", "x".repeat(MAX_HEADER_BYTES));
+        let twice = format!("t=1000,{h}");
+        for bad in ["", "t=x,v1=00", "v1=00", "t=1000", "t=1000,v1=zz", "t=1000,v1=00", &five, &long, &twice] {
             assert_eq!(verify(SECRET, Some(bad), body, 1_000), Err(Refusal::Malformed), "{bad:?}");
         }
+        // A rotating provider's two signatures: the current one may come second.
+        let other = sign(b"old-secret", 1_000, body);
+        let other = other.split_once("v1=").map(|(_, v)| v).unwrap_or_default();
+        assert_eq!(verify(SECRET, Some(&format!("t=1000,v1={other},v1={sig}")), body, 1_000), Ok(()));
     }
 }

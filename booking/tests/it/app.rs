@@ -76,11 +76,14 @@ impl TestApp {
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let provider_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let provider = format!("http://{}", provider_listener.local_addr().expect("addr"));
+        let webhook_url = match extra.iter().position(|a| *a == "--payment-webhook-url") {
+            Some(i) => extra[i + 1].to_owned(),
+            None => format!("{base}/webhooks/payments"),
+        };
+        let provider_app = booking::provider::router(WEBHOOK_SECRET.as_bytes(), &webhook_url, 3);
         let provider_server = tokio::spawn(async move {
-            let app = booking::provider::router(WEBHOOK_SECRET.as_bytes(), 3);
-            let _ = axum::serve(provider_listener, app).await;
+            let _ = axum::serve(provider_listener, provider_app).await;
         });
-        let webhook_url = format!("{base}/webhooks/payments");
         let mut args = vec![
             "booking",
             "serve",
@@ -305,15 +308,25 @@ impl TestApp {
 
     /// The provider's event body for `order_id`, priced as the order is.
     pub async fn payment_event(&self, event_id: &str, kind: &str, order_id: &str) -> Vec<u8> {
-        let (total, currency): (i64, String) =
-            sqlx::query_as("SELECT total_cents, currency::text FROM orders WHERE id = $1::uuid")
+        let (total, currency, payment): (i64, String, Option<String>) =
+            sqlx::query_as("SELECT total_cents, currency::text, payment_id FROM orders WHERE id = $1::uuid")
                 .bind(order_id)
                 .fetch_one(&self.pool)
                 .await
                 .expect("order");
+        // The payment booking opened, or one opened now as booking does (without asking the provider).
+        let payment = match payment {
+            Some(p) => p,
+            None => {
+                let id = booking::domain::OrderId(order_id.parse().expect("uuid"));
+                let opened = format!("pay_test_{order_id}");
+                let attached = booking::store::lifecycle::attach_payment(&self.pool, id, &opened).await;
+                attached.expect("attach").expect("the order exists")
+            }
+        };
         serde_json::to_vec(&json!({
             "id": event_id, "type": kind, "created": unix_now(),
-            "data": {"payment_id": "pay_test", "order_id": order_id, "amount_cents": total, "currency": currency},
+            "data": {"payment_id": payment, "order_id": order_id, "amount_cents": total, "currency": currency},
         }))
         .expect("json")
     }

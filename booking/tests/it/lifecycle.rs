@@ -71,10 +71,18 @@ async fn bad_signatures_unknown_orders_and_wrong_amounts_are_refused_and_change_
     let now = i64::try_from(tokens::unix_now()).expect("time");
     let sign = |secret: &str, t: i64, b: &[u8]| booking::provider::signature::sign(secret.as_bytes(), t, b);
 
+    let signed = sign(crate::app::WEBHOOK_SECRET, now, &body);
+    let v1 = signed.split_once("v1=").map(|(_, v)| v.to_owned()).expect("v1");
+    // The probe that cost booking a full MAC per value: 100 KB of signatures is refused before any is computed.
+    let flood = format!("t={now}{}", format!(",v1={v1}").repeat(1500));
+    let mut changed = body.clone();
+    changed.push(b' ');
     let cases: Vec<(Vec<u8>, Option<String>, u16, &str)> = vec![
         (body.clone(), None, 401, "signature_missing"),
         (body.clone(), Some("v1=abc".into()), 401, "signature_malformed"),
+        (body.clone(), Some(flood), 401, "signature_malformed"),
         (body.clone(), Some(sign("not-the-secret", now, &body)), 401, "signature_mismatch"),
+        (changed, Some(signed.clone()), 401, "signature_mismatch"),
         (body.clone(), Some(sign(crate::app::WEBHOOK_SECRET, now - 3600, &body)), 401, "signature_stale"),
         (b"{not json".to_vec(), Some(sign(crate::app::WEBHOOK_SECRET, now, b"{not json")), 422, "invalid_event"),
     ];
@@ -92,6 +100,11 @@ async fn bad_signatures_unknown_orders_and_wrong_amounts_are_refused_and_change_
     wrong["data"]["amount_cents"] = json!(1);
     let r = app.deliver(serde_json::to_vec(&wrong).expect("json")).await;
     assert_eq!((r.status, r.code()), (422, "amount_mismatch"));
+    // Signed, for the order and its amount, naming a payment booking never opened for it.
+    let mut forged: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    forged["data"]["payment_id"] = json!("pay_someone_elses");
+    let r = app.deliver(serde_json::to_vec(&forged).expect("json")).await;
+    assert_eq!((r.status, r.code()), (422, "payment_mismatch"), "{}", r.body);
 
     assert_eq!(app.order("fan-a", &order).await.str("status"), "reserved");
     let applied: i64 =
@@ -480,5 +493,28 @@ async fn the_sweeper_repairs_redis_when_a_commit_s_follow_up_never_ran(pool: PgP
     let ttl: i64 = app.redis.pttl(&key).await.expect("PTTL");
     assert_eq!(ttl, -1, "for good");
     app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_provider_opens_payments_only_for_booking_and_calls_back_only_booking(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[5];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    let url = format!("{}/v1/payments", app.provider);
+    let new = |webhook_url: &str| json!({"order_id": order, "amount_cents": 100, "currency": "EUR", "webhook_url": webhook_url});
+    let ours = app.url("/webhooks/payments");
+    // Whoever knows an order id cannot learn its payment (and so pay or fail it) without the account's secret.
+    let anonymous = app.send(app.client.post(&url).json(&new(&ours))).await;
+    assert_eq!((anonymous.status, anonymous.code()), (401, "unauthenticated"), "{}", anonymous.body);
+    let guessed = app.send(app.client.post(&url).bearer_auth("not-the-secret").json(&new(&ours))).await;
+    assert_eq!((guessed.status, guessed.code()), (401, "unauthenticated"));
+    // The account holder cannot aim the provider's signed POSTs elsewhere either.
+    let elsewhere = app.client.post(&url).bearer_auth(crate::app::WEBHOOK_SECRET).json(&new("http://127.0.0.1:9/x"));
+    let elsewhere = app.send(elsewhere).await;
+    assert_eq!((elsewhere.status, elsewhere.code()), (422, "webhook_url_refused"), "{}", elsewhere.body);
+    // Booking's own request, through its client, opens the payment.
+    let started = app.start_payment("fan-a", &order).await;
+    assert_eq!(started.status, 201, "{}", started.body);
     app.stop().await;
 }

@@ -190,3 +190,25 @@ async fn every_function_is_written_out_in_migrations_functions_as_postgres_has_i
     let names: Vec<String> = functions.into_iter().map(|(name, _)| name).collect();
     assert_eq!(files, names, "one file per function, and none for a function that no longer exists");
 }
+
+#[test]
+fn the_fake_provider_refuses_to_listen_beyond_loopback_unless_told() {
+    let run = |listen: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_payments"))
+            .args([
+                "--listen",
+                listen,
+                "--webhook-secret",
+                "s",
+                "--webhook-url",
+                "http://127.0.0.1:9/webhooks/payments",
+            ])
+            .env_remove("PROVIDER_ALLOW_REMOTE")
+            .output()
+            .expect("run payments")
+    };
+    let refused = run("0.0.0.0:0");
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("loopback only"), "{said}");
+}
