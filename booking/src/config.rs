@@ -222,9 +222,28 @@ pub struct ServeConfig {
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "BODY_LIMIT_BYTES", default_value_t = 16 * 1024)]
     pub body_limit_bytes: usize,
+    /// Longest wait for a request's whole head, and longest idle time between a connection's requests.
+    #[arg(long, env = "HTTP_HEAD_TIMEOUT_MS", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_head_timeout_ms: u64,
+    /// Longest wait for a request's whole body, from its head.
+    #[arg(long, env = "HTTP_BODY_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_body_timeout_ms: u64,
+    /// Most client connections served at once; more wait in the listen backlog.
+    #[arg(long, env = "HTTP_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_connections: u64,
 }
 
 impl ServeConfig {
+    /// The deadlines every listener of this process serves under.
+    pub fn deadlines(&self) -> serving::Deadlines {
+        serving::Deadlines {
+            head: Duration::from_millis(self.http_head_timeout_ms),
+            body: Duration::from_millis(self.http_body_timeout_ms),
+            max_body: self.body_limit_bytes,
+            max_connections: usize::try_from(self.http_max_connections).unwrap_or(usize::MAX),
+        }
+    }
+
     /// The Unix socket to serve on too, if one is set (an empty setting is none).
     pub fn listen_unix(&self) -> Option<&std::path::Path> {
         self.listen_unix.as_deref().filter(|p| !p.as_os_str().is_empty())

@@ -111,9 +111,17 @@ pub struct Config {
     #[arg(long, env = "GATEWAY_IP_BURST", default_value_t = 200)]
     pub ip_burst: u32,
     /// Networks of trusted proxies (a CDN, a load balancer), comma-separated CIDRs. Only when the TCP peer is in
-    /// one is the client IP read from `CF-Connecting-IP` or `X-Forwarded-For`.
+    /// one is the client IP read from the client IP header.
     #[arg(long, env = "GATEWAY_TRUSTED_PROXIES", value_delimiter = ',', num_args = 0..)]
     pub trusted_proxies: Vec<IpNet>,
+    /// The one header the trusted proxies name the client in: `X-Forwarded-For` (its right-most address that is
+    /// not a trusted proxy), or one holding a single address (`CF-Connecting-IP` behind Cloudflare, `X-Real-IP`...).
+    #[arg(long, env = "GATEWAY_CLIENT_IP_HEADER", default_value = "x-forwarded-for")]
+    pub client_ip_header: crate::limits::ClientIpHeader,
+    /// Most connections open at once from one client IP (an IPv6 client's /64); trusted proxies are not
+    /// limited. A connection beyond it is closed at once. 0: no limit.
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS_PER_IP", default_value_t = 256)]
+    pub max_connections_per_ip: u32,
     /// Mark cookies `Secure` (turn off only for plain-HTTP development on a non-localhost name).
     #[arg(long, env = "GATEWAY_COOKIE_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
     pub cookie_secure: bool,

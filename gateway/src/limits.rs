@@ -1,5 +1,7 @@
 //! Rate limits (governor's GCRA): per admitted account on proxied traffic, and a coarser limit per client IP on
-//! joins and polls. The client IP is read from forwarding headers only when the TCP peer is a trusted proxy.
+//! joins and polls. The client IP is read from the deployment's one forwarding header only when the TCP peer is
+//! a trusted proxy. An IPv6 client is limited by its /64, the block one subscriber is given: limiting each /128
+//! would give anyone billions of budgets.
 //! Idle keys are evicted by the ticker, so memory stays bounded by the keys active within one refill period.
 //!
 //! An account's budget is shared by the gateway nodes without a Redis call per request: each node enforces its
@@ -30,7 +32,67 @@ pub struct Limits {
     account_burst: u32,
     per_ip: DefaultKeyedRateLimiter<IpAddr>,
     trusted: Vec<IpNet>,
+    client_header: ClientIpHeader,
     clock: DefaultClock,
+}
+
+/// The one header a deployment's trusted proxies name the client in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientIpHeader {
+    /// `X-Forwarded-For`: the right-most address that is not itself a trusted proxy.
+    XForwardedFor,
+    /// A header holding one address (`CF-Connecting-IP`, `True-Client-IP`, `X-Real-IP`...).
+    Single(http::HeaderName),
+}
+
+impl std::str::FromStr for ClientIpHeader {
+    type Err = String;
+    fn from_str(raw: &str) -> Result<Self, String> {
+        let name =
+            http::HeaderName::from_bytes(raw.trim().as_bytes()).map_err(|_| format!("`{raw}` is not a header name"))?;
+        Ok(if name == "x-forwarded-for" { Self::XForwardedFor } else { Self::Single(name) })
+    }
+}
+
+impl ClientIpHeader {
+    pub fn name(&self) -> &str {
+        match self {
+            Self::XForwardedFor => "x-forwarded-for",
+            Self::Single(name) => name.as_str(),
+        }
+    }
+}
+
+/// A trusted proxy named the client in a form that is not an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnreadableClientIp;
+
+/// An address as proxies write it: `ip`, `ip:port`, `[ipv6]` or `[ipv6]:port`.
+pub fn parse_ip(raw: &str) -> Option<IpAddr> {
+    let raw = raw.trim();
+    if let Ok(ip) = raw.parse() {
+        return Some(ip);
+    }
+    if let Some(rest) = raw.strip_prefix('[') {
+        let (ip, after) = rest.split_once(']')?;
+        let port_ok = after.is_empty() || after.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok());
+        return port_ok.then(|| ip.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6)).flatten();
+    }
+    let (ip, port) = raw.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    ip.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+/// The key an address is limited by: an IPv4 address itself (also when written IPv4-mapped), an IPv6 address's
+/// /64.
+pub fn limit_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from_bits(v6.to_bits() & !u128::from(u64::MAX))),
+        },
+        v4 => v4,
+    }
 }
 
 /// The account limiter for one count of live nodes.
@@ -54,7 +116,19 @@ fn quota(per_second: u32, burst: u32) -> Quota {
 
 impl Limits {
     pub fn new(account_rps: u32, account_burst: u32, ip_rps: u32, ip_burst: u32, trusted: Vec<IpNet>) -> Self {
+        Self::with_header(account_rps, account_burst, ip_rps, ip_burst, trusted, ClientIpHeader::XForwardedFor)
+    }
+
+    pub fn with_header(
+        account_rps: u32,
+        account_burst: u32,
+        ip_rps: u32,
+        ip_burst: u32,
+        trusted: Vec<IpNet>,
+        client_header: ClientIpHeader,
+    ) -> Self {
         Self {
+            client_header,
             per_account: RwLock::new(Shared::new(account_rps, account_burst, 1)),
             account_rps,
             account_burst,
@@ -86,9 +160,9 @@ impl Limits {
         *self.per_account.write().unwrap_or_else(|p| p.into_inner()) = fresh;
     }
 
-    /// `Err(wait)` when the IP is over its limit.
+    /// `Err(wait)` when the IP (an IPv6 address's /64) is over its limit.
     pub fn check_ip(&self, ip: IpAddr) -> Result<(), Duration> {
-        self.per_ip.check_key(&ip).map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+        self.per_ip.check_key(&limit_key(ip)).map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
 
     /// Forgets keys whose limit has fully refilled (they would start afresh anyway).
@@ -112,18 +186,30 @@ impl Limits {
         self.trusted.iter().any(|net| net.contains(&ip))
     }
 
-    /// The client's IP. From a trusted peer: `CF-Connecting-IP`, else the right-most `X-Forwarded-For` entry
-    /// that is not itself a trusted proxy. From anyone else: the peer, whatever the headers say.
-    pub fn client_ip(&self, peer: IpAddr, cf_connecting_ip: Option<&str>, forwarded_for: &[&str]) -> IpAddr {
-        if !self.is_trusted(peer) {
-            return peer;
+    /// The header trusted proxies name the client in.
+    pub fn client_header(&self) -> &ClientIpHeader {
+        &self.client_header
+    }
+
+    /// The client's IP, given the values of [`Self::client_header`]. From anyone but a trusted proxy: the peer,
+    /// whatever the headers say. From a trusted proxy: what its header says (the peer if it sent none), or
+    /// [`UnreadableClientIp`]; never the proxy's own address for a value it could not read, which would put all
+    /// its clients under one limit.
+    pub fn client_ip(&self, peer: IpAddr, values: &[&str]) -> Result<IpAddr, UnreadableClientIp> {
+        if !self.is_trusted(peer) || values.is_empty() {
+            return Ok(peer);
         }
-        if let Some(ip) = cf_connecting_ip.and_then(|v| v.trim().parse().ok()) {
-            return ip;
+        match self.client_header {
+            ClientIpHeader::Single(_) => match values {
+                [one] => parse_ip(one).ok_or(UnreadableClientIp),
+                _ => Err(UnreadableClientIp),
+            },
+            ClientIpHeader::XForwardedFor => {
+                let hops = values.iter().flat_map(|v| v.split(',')).map(parse_ip).collect::<Option<Vec<IpAddr>>>();
+                let hops = hops.ok_or(UnreadableClientIp)?;
+                hops.iter().rev().find(|ip| !self.is_trusted(**ip)).or(hops.first()).copied().ok_or(UnreadableClientIp)
+            }
         }
-        let hops: Vec<IpAddr> =
-            forwarded_for.iter().flat_map(|v| v.split(',')).filter_map(|h| h.trim().parse().ok()).collect();
-        hops.iter().rev().find(|ip| !self.is_trusted(**ip)).or(hops.first()).copied().unwrap_or(peer)
     }
 }
 
@@ -147,11 +233,38 @@ mod tests {
     #[test]
     fn forwarding_headers_count_only_from_trusted_peers() {
         let l = limits(&["10.0.0.0/8"]);
-        assert_eq!(l.client_ip(ip("203.0.113.9"), Some("1.2.3.4"), &["5.6.7.8"]), ip("203.0.113.9"));
-        assert_eq!(l.client_ip(ip("10.1.1.1"), Some("1.2.3.4"), &["5.6.7.8"]), ip("1.2.3.4"));
-        assert_eq!(l.client_ip(ip("10.1.1.1"), None, &["9.9.9.9, 5.6.7.8, 10.2.2.2"]), ip("5.6.7.8"));
-        assert_eq!(l.client_ip(ip("10.1.1.1"), None, &["garbage"]), ip("10.1.1.1"));
-        assert_eq!(l.client_ip(ip("10.1.1.1"), None, &["10.3.3.3"]), ip("10.3.3.3"));
+        assert_eq!(l.client_ip(ip("203.0.113.9"), &["5.6.7.8"]), Ok(ip("203.0.113.9")));
+        assert_eq!(l.client_ip(ip("10.1.1.1"), &["9.9.9.9, 5.6.7.8, 10.2.2.2"]), Ok(ip("5.6.7.8")));
+        assert_eq!(l.client_ip(ip("10.1.1.1"), &["9.9.9.9", "5.6.7.8:4711"]), Ok(ip("5.6.7.8")));
+        assert_eq!(l.client_ip(ip("10.1.1.1"), &["[2001:db8::1]:443"]), Ok(ip("2001:db8::1")));
+        assert_eq!(l.client_ip(ip("10.1.1.1"), &["10.3.3.3"]), Ok(ip("10.3.3.3")));
+        assert_eq!(l.client_ip(ip("10.1.1.1"), &[]), Ok(ip("10.1.1.1")), "the proxy's own request");
+        // Never the proxy's own address for a value it could not read: all its clients would share one limit.
+        for bad in ["garbage", "1.2.3.4, unknown", "1.2.3.4:99999", ""] {
+            assert_eq!(l.client_ip(ip("10.1.1.1"), &[bad]), Err(UnreadableClientIp), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn one_named_header_is_believed_and_no_other() {
+        let header: ClientIpHeader = "CF-Connecting-IP".parse().expect("name");
+        let l = Limits::with_header(1, 2, 1, 1, vec!["10.0.0.0/8".parse().expect("cidr")], header.clone());
+        assert_eq!(l.client_header(), &header);
+        assert_eq!(l.client_ip(ip("10.1.1.1"), &["1.2.3.4"]), Ok(ip("1.2.3.4")));
+        assert_eq!(l.client_ip(ip("10.1.1.1"), &["1.2.3.4", "5.6.7.8"]), Err(UnreadableClientIp));
+        assert_eq!(l.client_ip(ip("10.1.1.1"), &["1.2.3.4, 5.6.7.8"]), Err(UnreadableClientIp));
+        assert_eq!("X-Forwarded-For".parse::<ClientIpHeader>(), Ok(ClientIpHeader::XForwardedFor));
+        assert!("bad header".parse::<ClientIpHeader>().is_err());
+    }
+
+    #[test]
+    fn an_ipv6_client_is_limited_by_its_64_and_a_mapped_ipv4_as_itself() {
+        let l = limits(&[]);
+        assert!(l.check_ip(ip("2001:db8:1:2::1")).is_ok());
+        assert!(l.check_ip(ip("2001:db8:1:2:ffff::9")).is_err(), "another address of the same /64 shares its limit");
+        assert!(l.check_ip(ip("2001:db8:1:3::1")).is_ok(), "the next /64 is another subscriber");
+        assert_eq!(limit_key(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
+        assert_eq!(limit_key(ip("192.0.2.7")), ip("192.0.2.7"));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use clap::Parser;
 use gateway::admin::Admin;
 use gateway::config::{Cli, Command, Config};
 use gateway::edge::Edge;
+use gateway::edge::connections::PerClientCap;
 use gateway::edge::queue::{Queue, QueueOptions};
 use gateway::limits::Limits;
 use gateway::room::Rooms;
@@ -59,12 +60,13 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     telemetry::prometheus();
 
     let rooms = Arc::new(Rooms::default());
-    let limits = Arc::new(Limits::new(
+    let limits = Arc::new(Limits::with_header(
         cfg.account_rps,
         cfg.account_burst,
         cfg.ip_rps,
         cfg.ip_burst,
         cfg.trusted_proxies.clone(),
+        cfg.client_ip_header.clone(),
     ));
     let admit_burst = std::time::Duration::from_millis(cfg.admit_burst_ms);
     let queue = Queue {
@@ -105,7 +107,12 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         stream_idle: Duration::from_secs(cfg.stream_idle_seconds),
         feeds: gateway::seatmap::Feeds::new(store.fork(), gateway::seatmap::FeedOptions::default()),
     };
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(&server.configuration, edge, "gateway");
+    let app = PerClientCap::new(
+        pingora::proxy::http_proxy(&server.configuration, edge),
+        limits.clone(),
+        cfg.max_connections_per_ip,
+    );
+    let mut proxy = pingora::services::listening::Service::new("gateway".into(), app);
     // A fan's connection spends its life waiting (between requests, or on a live map's stream), and pingora
     // gives each one a 64 KiB read buffer by default: the largest cost of a waiting connection by far. Requests
     // here are a few hundred bytes, read straight into pingora's header buffer.

@@ -38,6 +38,11 @@ pub fn record_response(proxied: bool, status: u16) {
     }
 }
 
+/// One connection closed at once: its client IP holds as many as it may.
+pub fn record_connection_refused() {
+    metrics::counter!("gateway_connections_refused_total").increment(1);
+}
+
 /// One request refused by a rate limit.
 pub fn record_rate_limited(limit: &'static str) {
     metrics::counter!("gateway_rate_limited_total", "limit" => limit).increment(1);

@@ -226,6 +226,19 @@ impl AdmissionClaims {
     }
 }
 
+/// The text of a request's `Authorization` header, if it has one. A value with any byte other than visible
+/// ASCII, space or tab is refused, never skipped: a reader that skipped it would fall back to the cookie, and
+/// one that read it another way would act on another proof.
+pub fn authorization_text(raw: Option<&[u8]>) -> Result<Option<&str>, AdmissionRefusal> {
+    match raw {
+        None => Ok(None),
+        Some(bytes) if bytes.iter().all(|&b| b == b'\t' || (b' '..=b'~').contains(&b)) => {
+            Ok(std::str::from_utf8(bytes).ok())
+        }
+        Some(_) => Err(AdmissionRefusal::Invalid(TokenError::Malformed)),
+    }
+}
+
 /// The admission proof a request carries: the `Authorization: Bearer` token, else the admission cookie among
 /// the `Cookie` header values.
 pub fn find_admission_proof<'a>(

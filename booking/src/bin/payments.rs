@@ -55,6 +55,6 @@ async fn main() -> anyhow::Result<()> {
         &args.webhook_url,
         args.delivery_attempts,
     );
-    axum::serve(listener, app).with_graceful_shutdown(booking::shutdown_signal()).await?;
+    serving::serve(listener, app, serving::Deadlines::default(), booking::shutdown_signal()).await?;
     Ok(())
 }

@@ -37,7 +37,8 @@ impl FromRequestParts<AppState> for Proof {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let authorization = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let authorization = tokens::authorization_text(parts.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
+            .map_err(refused)?;
         let cookies = parts.headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok());
         state.keyring.check_admission(authorization, cookies).map(Proof).map_err(refused)
     }

@@ -18,7 +18,6 @@ mod picking;
 mod seat_maps;
 mod webhooks;
 
-use std::future::IntoFuture;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::http::{HeaderValue, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
@@ -104,6 +104,7 @@ pub struct Shared {
     admin_token: Option<SecretString>,
     background: Background,
     body_limit_bytes: usize,
+    deadlines: serving::Deadlines,
 }
 
 impl AppState {
@@ -183,6 +184,7 @@ impl AppState {
                 payment_window_seconds: cfg.payment_window_seconds,
             },
             body_limit_bytes: cfg.body_limit_bytes,
+            deadlines: cfg.deadlines(),
         })))
     }
 }
@@ -263,13 +265,13 @@ pub async fn serve(
         let (conn, _) = state.holds.connection();
         background.push(tokio::spawn(workers::relay(state.pool.clone(), conn, relay)));
     }
+    let deadlines = state.deadlines;
     let app = router(state);
     let shutdown = shutdown.shared();
-    let tcp = axum::serve(listener, app.clone()).with_graceful_shutdown(shutdown.clone()).into_future();
+    let tcp = serving::serve(listener, app.clone(), deadlines, shutdown.clone());
     let served = match unix {
         Some(unix) => {
-            let unix = axum::serve(unix, app).with_graceful_shutdown(shutdown).into_future();
-            let (tcp, unix) = tokio::join!(tcp, unix);
+            let (tcp, unix) = tokio::join!(tcp, serving::serve(unix, app, deadlines, shutdown));
             tcp.and(unix)
         }
         None => tcp.await,
@@ -306,7 +308,11 @@ async fn track(req: Request, next: Next) -> Response {
     // both services' logs.
     let request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let start = Instant::now();
-    let res = next.run(req).await;
+    let mut res = next.run(req).await;
+    // Every answer is personal (a fan's hold, order, proof-bound view) unless its handler said it is public.
+    if !res.headers().contains_key(header::CACHE_CONTROL) {
+        res.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("private, no-store"));
+    }
     let request_id = request_id.as_deref().unwrap_or("-");
     if res.status().is_server_error() {
         tracing::warn!(request_id, %method, %route, status = res.status().as_u16(), "answered with a server error");

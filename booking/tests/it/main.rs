@@ -6,6 +6,7 @@ mod bad_input;
 mod batch;
 mod checkout;
 mod holds;
+mod hostile;
 mod lifecycle;
 mod lifecycle_model;
 mod ops;

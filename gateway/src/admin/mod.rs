@@ -56,7 +56,7 @@ impl BackgroundService for Admin {
         let stop = async move {
             let _ = shutdown.changed().await;
         };
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+        if let Err(e) = serving::serve(listener, app, serving::Deadlines::default(), stop).await {
             tracing::error!(error = %e, "admin listener stopped");
         }
     }

@@ -3,6 +3,7 @@
 //! with its body read whole; `upstream_peer` picks a booking node; `upstream_request_filter` says who the
 //! client is; pingora parses, frames, pools and streams everything else.
 
+pub mod connections;
 pub mod framing;
 pub mod queue;
 pub mod reply;
@@ -66,6 +67,8 @@ pub struct Ctx {
     body_len: Option<usize>,
     /// The gateway answered with a stream, written already.
     streamed: bool,
+    /// The admission proof the gateway checked: the only one booking is shown.
+    proof: Option<String>,
 }
 
 fn header<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
@@ -106,6 +109,28 @@ fn request_id() -> http::HeaderValue {
     http::HeaderValue::from_bytes(&out).unwrap_or(http::HeaderValue::from_static("0"))
 }
 
+/// Removes the admission cookie from the request's `Cookie` fields, keeping every other cookie.
+fn without_admission_cookie(req: &mut RequestHeader) -> pingora::Result<()> {
+    let cookie = http::header::COOKIE;
+    if !req.headers.get_all(&cookie).iter().any(|v| v.as_bytes().windows(12).any(|w| w == b"wr_admission")) {
+        return Ok(());
+    }
+    let kept: Vec<String> = req
+        .headers
+        .get_all(&cookie)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or_default().split(';'))
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty() && pair.split_once('=').is_none_or(|(k, _)| k != tokens::ADMISSION_COOKIE))
+        .map(str::to_owned)
+        .collect();
+    req.remove_header(&cookie);
+    if !kept.is_empty() {
+        req.insert_header(cookie, kept.join("; "))?;
+    }
+    Ok(())
+}
+
 fn too_many(wait: Duration) -> Reply {
     Reply::error(429, "rate_limited", "too many requests; slow down")
         .header("retry-after", retry_after_seconds(wait).to_string())
@@ -121,13 +146,27 @@ fn invalid(why: &str) -> Reply {
 }
 
 impl Edge {
-    fn client_ip(&self, session: &Session) -> IpAddr {
+    /// The client's IP (trusted proxies considered), or the refusal of a trusted proxy's unreadable header.
+    fn client_ip(&self, session: &Session) -> Result<IpAddr, Reply> {
         let peer = session.client_addr().and_then(|a| a.as_inet()).map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
         if !self.limits.is_trusted(peer) {
-            return peer;
+            return Ok(peer);
         }
-        let req = session.req_header();
-        self.limits.client_ip(peer, header(req, "cf-connecting-ip"), &headers(req, "x-forwarded-for"))
+        let values = headers(session.req_header(), self.limits.client_header().name());
+        self.limits.client_ip(peer, &values).map_err(|_| {
+            let why = format!("the proxy's {} header names no client address", self.limits.client_header().name());
+            Reply::error(400, "client_ip_unreadable", &why)
+        })
+    }
+
+    /// The per-IP limit on what the gateway answers itself and on public reads.
+    fn check_ip(&self, session: &Session) -> Result<IpAddr, Reply> {
+        let ip = self.client_ip(session)?;
+        self.limits.check_ip(ip).map_err(|wait| {
+            crate::metrics::record_rate_limited("ip");
+            too_many(wait)
+        })?;
+        Ok(ip)
     }
 
     /// The framing checks pingora leaves to the application (HTTP/1 only: HTTP/2 frames bodies itself).
@@ -167,9 +206,8 @@ impl Edge {
                 body: Bytes::from_static(PAGE.as_bytes()),
             };
         }
-        if let Err(wait) = self.limits.check_ip(self.client_ip(session)) {
-            crate::metrics::record_rate_limited("ip");
-            return too_many(wait);
+        if let Err(refusal) = self.check_ip(session) {
+            return refusal;
         }
         let authorization = header(req, "authorization");
         let cookies = headers(req, "cookie");
@@ -192,9 +230,8 @@ impl Edge {
             Ok(start) => start,
             Err(why) => return Some(invalid(why)),
         };
-        if let Err(wait) = self.limits.check_ip(self.client_ip(session)) {
-            crate::metrics::record_rate_limited("ip");
-            return Some(too_many(wait));
+        if let Err(refusal) = self.check_ip(session) {
+            return Some(refusal);
         }
         let store = match self.queue.store.get() {
             Ok(store) => store,
@@ -203,23 +240,25 @@ impl Edge {
         stream::serve(session, &self.feeds, store, event, start).await.err()
     }
 
-    /// The admission check and per-account limit in front of booking; `None` lets the request through.
-    fn admit(&self, req: &RequestHeader, event: i64) -> Option<Reply> {
-        let cookies = req.headers.get_all(http::header::COOKIE).iter().filter_map(|v| v.to_str().ok());
-        let claims = match routes::check(&self.keyring, header(req, "authorization"), cookies, event) {
-            Ok(claims) => claims,
+    /// The admission check and per-account limit in front of booking: the proof checked, which alone goes on
+    /// to booking, or the refusal.
+    fn admit(&self, req: &RequestHeader, event: i64) -> Result<String, Reply> {
+        let cookies = headers(req, "cookie");
+        let authorization = req.headers.get(http::header::AUTHORIZATION).map(|v| v.as_bytes());
+        let (claims, proof) = match routes::check(&self.keyring, authorization, cookies.iter().copied(), event) {
+            Ok(checked) => checked,
             Err(refusal) if refusal.status == 401 && wants_html(req) => {
                 // A browser without a valid proof goes to the waiting room, not to an error page.
                 let reply = Reply { status: 302, headers: Vec::new(), body: Bytes::new() };
-                return Some(reply.header("location", format!("/queue/{event}")));
+                return Err(reply.header("location", format!("/queue/{event}")));
             }
-            Err(refusal) => return Some(Reply::error(refusal.status, refusal.code, &refusal.message)),
+            Err(refusal) => return Err(Reply::error(refusal.status, refusal.code, &refusal.message)),
         };
         if let Err(wait) = self.limits.check_account(&claims.sub) {
             crate::metrics::record_rate_limited("account");
-            return Some(too_many(wait));
+            return Err(too_many(wait));
         }
-        None
+        Ok(proof.to_owned())
     }
 
     /// Reads an admitted request's body whole, into the session's retry buffer, which pingora sends booking
@@ -307,17 +346,17 @@ impl Edge {
                 refusal
             }
             Route::PublicMap(_) | Route::Event(_) => {
-                let ip = self.client_ip(session);
-                let refusal = match route {
-                    Route::Event(event) => self.admit(session.req_header(), event),
-                    _ => self.limits.check_ip(ip).err().map(|wait| {
-                        crate::metrics::record_rate_limited("ip");
-                        too_many(wait)
-                    }),
+                let checked = match route {
+                    Route::Event(event) => self
+                        .admit(session.req_header(), event)
+                        .and_then(|proof| Ok((self.client_ip(session)?, Some(proof)))),
+                    _ => self.check_ip(session).map(|ip| (ip, None)),
                 };
-                if let Some(refusal) = refusal {
-                    return Some(refusal);
-                }
+                let (ip, proof) = match checked {
+                    Ok(checked) => checked,
+                    Err(refusal) => return Some(refusal),
+                };
+                ctx.proof = proof;
                 ctx.client_ip = Some(ip);
                 match self.read_body(session).await {
                     Ok(length) => {
@@ -399,6 +438,11 @@ impl ProxyHttp for Edge {
         }
         if let Some(ip) = ctx.client_ip {
             upstream.insert_header(X_FORWARDED_FOR, ip.to_string())?;
+        }
+        if let Some(proof) = ctx.proof.take() {
+            // Booking acts on exactly the proof checked here, however the client sent it.
+            upstream.insert_header(http::header::AUTHORIZATION, format!("Bearer {proof}"))?;
+            without_admission_cookie(upstream)?;
         }
         if !session.req_header().headers.contains_key(&X_REQUEST_ID) {
             upstream.insert_header(X_REQUEST_ID, request_id())?;

@@ -88,17 +88,20 @@ impl Refusal {
 }
 
 /// Checks the admission proof (from `Authorization: Bearer` or the `wr_admission` cookie) for `event`, and
-/// returns its claims (the admitted account is `sub`).
+/// returns its claims (the admitted account is `sub`) and the proof itself. `authorization` is the header's raw
+/// value: one that is not plain ASCII is refused, not skipped for the cookie.
 pub fn check<'a>(
     keyring: &Keyring,
-    authorization: Option<&'a str>,
-    cookies: impl IntoIterator<Item = &'a str>,
+    authorization: Option<&'a [u8]>,
+    cookies: impl IntoIterator<Item = &'a str> + Clone,
     event: i64,
-) -> Result<Arc<AdmissionClaims>, Refusal> {
+) -> Result<(Arc<AdmissionClaims>, &'a str), Refusal> {
     let refused = |r: AdmissionRefusal| Refusal::new(r.status(), r.code(), r.to_string());
+    let authorization = tokens::authorization_text(authorization).map_err(refused)?;
+    let proof = tokens::find_admission_proof(authorization, cookies.clone()).unwrap_or_default();
     let claims = keyring.check_admission(authorization, cookies).map_err(refused)?;
     claims.account_for(event).map_err(refused)?;
-    Ok(claims)
+    Ok((claims, proof))
 }
 
 #[cfg(test)]
@@ -145,11 +148,17 @@ mod tests {
         let ring = Keyring::parse(KEYS).expect("keys");
         let token = proof(&ring, 7);
         let header = format!("Bearer {token}");
-        assert!(check(&ring, Some(&header), [], 7).is_ok());
+        assert_eq!(check(&ring, Some(header.as_bytes()), [], 7).map(|(_, p)| p), Ok(token.as_str()));
         let cookie = format!("theme=dark; {ADMISSION_COOKIE}={token}");
-        assert!(check(&ring, None, [cookie.as_str()], 7).is_ok());
+        assert_eq!(check(&ring, None, [cookie.as_str()], 7).map(|(_, p)| p), Ok(token.as_str()));
         assert_eq!(check(&ring, None, [], 7).map_err(|r| r.code), Err("admission_required"));
-        assert_eq!(check(&ring, Some(&header), [], 8).map_err(|r| r.status), Err(403));
-        assert_eq!(check(&ring, Some("Bearer nope"), [], 7).map_err(|r| r.code), Err("admission_invalid"));
+        assert_eq!(check(&ring, Some(header.as_bytes()), [], 8).map_err(|r| r.status), Err(403));
+        assert_eq!(check(&ring, Some(b"Bearer nope"), [], 7).map_err(|r| r.code), Err("admission_invalid"));
+        // A header that is not plain ASCII is refused, even with a valid proof in the cookie.
+        let odd = format!("Bearer {token}\u{a0}");
+        assert_eq!(
+            check(&ring, Some(odd.as_bytes()), [cookie.as_str()], 7).map_err(|r| r.code),
+            Err("admission_invalid")
+        );
     }
 }

@@ -175,6 +175,7 @@ impl GatewayProcess {
             ("--ip-burst", "100000".to_owned()),
             ("--account-rps", "100000".to_owned()),
             ("--account-burst", "100000".to_owned()),
+            ("--max-connections-per-ip", "0".to_owned()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))

@@ -82,10 +82,15 @@ async fn two_nodes_share_an_accounts_budget_and_one_takes_it_whole_when_the_othe
 
 /// Three polls at once, each claiming another client IP in `X-Forwarded-For`; how many were limited.
 async fn limited_polls(gw: &GatewayProcess, event: i64, forwarded: [&str; 3]) -> usize {
+    limited_polls_by(gw, event, "x-forwarded-for", forwarded).await
+}
+
+/// Three polls at once, each claiming another client IP in `header`; how many were limited.
+async fn limited_polls_by(gw: &GatewayProcess, event: i64, header: &str, forwarded: [&str; 3]) -> usize {
     let path = format!("/queue/{event}/status");
     let replies = join_all(forwarded.iter().map(|ip| {
         let path = &path;
-        async move { gw.get(path, &[("x-forwarded-for", ip), ("authorization", "Bearer not-a-ticket")]).await }
+        async move { gw.get(path, &[(header, ip), ("authorization", "Bearer not-a-ticket")]).await }
     }))
     .await;
     for r in &replies {
@@ -107,6 +112,85 @@ async fn forwarding_headers_are_believed_only_from_trusted_proxies() {
     assert_eq!(limited_polls(&trusting, 202, ["1.1.1.1", "2.2.2.2", "3.3.3.3"]).await, 0);
     // ...and one client is still limited however it spreads over the proxy's connections.
     assert_eq!(limited_polls(&trusting, 202, ["9.9.9.9", "9.9.9.9", "9.9.9.9"]).await, 1);
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_named_header_is_believed_ipv6_clients_share_their_64_and_unreadable_values_are_refused() {
+    let upstream = Upstream::start().await;
+    let strict = Node::new(upstream.addr, &prefix()).arg("--ip-rps", 1).arg("--ip-burst", 2);
+    let xff = GatewayProcess::start(strict.clone().arg("--trusted-proxies", "127.0.0.0/8")).await;
+    // A port after the address is read, not taken for garbage.
+    assert_eq!(limited_polls(&xff, 204, ["1.1.1.1:5000", "2.2.2.2:5000", "[2001:db8::1]:443"]).await, 0);
+    // Three addresses of one /64 are one subscriber.
+    assert_eq!(limited_polls(&xff, 204, ["2001:db8:7::1", "2001:db8:7::2", "2001:db8:7::3"]).await, 1);
+    // A value the proxy wrote that is no address is refused, never charged to the proxy's own address.
+    for bad in ["unknown", "1.1.1.1, garbage", "1.1.1.1:99999"] {
+        let r = xff.get("/queue/204/status", &[("x-forwarded-for", bad)]).await;
+        assert_eq!((r.status, r.code()), (400, "client_ip_unreadable"), "{bad}: {}", r.text);
+    }
+    drop(xff);
+    let cf = GatewayProcess::start(
+        strict.arg("--trusted-proxies", "127.0.0.0/8").arg("--client-ip-header", "CF-Connecting-IP"),
+    )
+    .await;
+    // The deployment's header is the one believed; X-Forwarded-For from the same proxy is not.
+    assert_eq!(limited_polls_by(&cf, 205, "cf-connecting-ip", ["1.1.1.1", "2.2.2.2", "3.3.3.3"]).await, 0);
+    assert_eq!(limited_polls(&cf, 205, ["4.4.4.4", "5.5.5.5", "6.6.6.6"]).await, 1, "all charged to the proxy");
+    upstream.stop().await;
+}
+
+/// A connection that sent part of a head and waits: the slow client the cap is for.
+async fn slow_connection(base: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(base.trim_start_matches("http://")).await.expect("connect");
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ").await.expect("write");
+    stream
+}
+
+/// Whether the gateway closed `stream` without answering within 5 s.
+async fn closed_unanswered(stream: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf)).await {
+        Ok(Ok(_)) => buf.is_empty(),
+        Ok(Err(_)) => true,
+        Err(_) => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_per_ip_cap_are_closed_at_once_and_trusted_proxies_are_not_capped() {
+    let upstream = Upstream::start().await;
+    let capped = Node::new(upstream.addr, &prefix()).arg("--max-connections-per-ip", 3);
+    let gw = GatewayProcess::start(capped.clone()).await;
+    // The start-up probe's connection (opened and dropped) is counted until the gateway reads its end.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut held = join_all((0..3).map(|_| slow_connection(&gw.base))).await;
+    // Pingora reads the first bytes of each before the fourth arrives: the three are counted, and kept.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for stream in &mut held {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(100), tokio::io::AsyncReadExt::read(stream, &mut byte));
+        assert!(read.await.is_err(), "one of the first three connections was not kept");
+    }
+    let mut fourth = slow_connection(&gw.base).await;
+    assert!(closed_unanswered(&mut fourth).await, "a fourth connection from one IP was kept");
+    drop(held.pop());
+    // The gateway learns of the close when its read of that connection ends: until then, still refused.
+    let healthy = testkit::eventually(Duration::from_secs(5), async || {
+        let res = gw.client.get(format!("{}/healthz", gw.base)).send().await;
+        res.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    assert!(healthy, "once one closed, another connection is served");
+    drop(held);
+    drop(gw);
+    // Behind a trusted proxy every fan arrives from its few addresses: no cap.
+    let trusting = GatewayProcess::start(capped.arg("--trusted-proxies", "127.0.0.0/8")).await;
+    let held = join_all((0..5).map(|_| slow_connection(&trusting.base))).await;
+    assert_eq!(trusting.get("/healthz", &[]).await.status, 200);
+    drop(held);
     upstream.stop().await;
 }
 

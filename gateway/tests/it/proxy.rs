@@ -567,3 +567,38 @@ async fn an_http_1_0_client_gets_its_answer_then_the_close_unless_it_asks_to_kee
         assert!(text.contains("\r\nconnection: keep-alive\r\n"), "{text}");
     }
 }
+
+#[tokio::test]
+async fn booking_is_shown_exactly_the_proof_the_gateway_checked() {
+    let upstream = WireUpstream::start(WireMode::Chunked).await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let a = proof_for("fan-a", KEYS, 1, unix_now(), 60);
+    let b = proof_for("fan-b", KEYS, 1, unix_now(), 60);
+    let send = |authorization: Option<Vec<u8>>, cookie: String| {
+        let mut req = gw.client.get(format!("{}/events/1", gw.base)).header("cookie", cookie);
+        if let Some(value) = authorization {
+            req = req.header("authorization", reqwest::header::HeaderValue::from_bytes(&value).expect("header bytes"));
+        }
+        gw.send(req)
+    };
+    // The header and the cookie disagree: the header is the proof, and booking never sees the other.
+    let both = send(Some(format!("Bearer {a}").into_bytes()), format!("theme=dark; wr_admission={b}")).await;
+    assert_eq!(both.status, 200, "{}", both.text);
+    // The cookie alone: booking is shown it as the bearer token, and the other cookies stay.
+    let cookie = send(None, format!("wr_admission={b}; lang=fr")).await;
+    assert_eq!(cookie.status, 200, "{}", cookie.text);
+    // A header that is not plain ASCII (a proof, then U+00A0) is refused, not skipped for the cookie's proof.
+    let odd = send(Some(format!("Bearer {a}\u{a0}").into_bytes()), format!("wr_admission={b}")).await;
+    assert_eq!((odd.status, odd.code()), (401, "admission_invalid"), "{}", odd.text);
+
+    let seen = upstream.requests();
+    assert_eq!(seen.len(), 2, "the refused request never reached booking");
+    let a_bearer = format!("Bearer {a}");
+    let b_bearer = format!("Bearer {b}");
+    assert_eq!(
+        (seen[0].header("authorization"), seen[0].header("cookie")),
+        (Some(a_bearer.as_str()), Some("theme=dark"))
+    );
+    assert_eq!((seen[1].header("authorization"), seen[1].header("cookie")), (Some(b_bearer.as_str()), Some("lang=fr")));
+    assert!(seen.iter().all(|r| !r.head.contains("wr_admission")), "{seen:?}");
+}

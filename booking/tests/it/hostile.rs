@@ -1,0 +1,94 @@
+//! What an attacker probing the running service tried, each kept as a test: slow heads and bodies, personal
+//! answers a shared cache could keep, and credentials read two ways.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::app::TestApp;
+
+#[sqlx::test(migrations = "../migrations")]
+async fn personal_answers_are_never_cacheable_and_only_the_public_map_is(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let hold = app.hold("fan-a", &seats[..1]).await;
+    let (order, _) = app.reserve("fan-b", &seats[1..2]).await;
+    let refused = app.send(app.client.get(app.url(&format!("/events/{}", app.event)))).await;
+    assert_eq!(refused.status, 401);
+    for (what, res) in [
+        ("event", app.get_event("fan-a").await),
+        ("hold", hold),
+        ("order", app.order("fan-b", &order).await),
+        ("refusal", refused),
+    ] {
+        assert_eq!(
+            res.headers.get("cache-control").map(|v| v.to_str().ok()),
+            Some(Some("private, no-store")),
+            "{what}"
+        );
+    }
+    let status = app.send(app.client.get(app.url(&format!("/events/{}/seats/status", app.event)))).await;
+    let cache = status.headers["cache-control"].to_str().expect("ascii");
+    assert!(cache.starts_with("public"), "{cache}");
+    app.stop().await;
+}
+
+/// The head of a request, then one byte every 100 ms for 3 s: each read is quick, only the whole is slow.
+/// Returns whether booking closed the connection while the client was still sending, and what it answered.
+async fn trickle(addr: &str, head: &str) -> (bool, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("write");
+    let (mut reader, mut writer) = stream.into_split();
+    let trickler = tokio::spawn(async move {
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if writer.write_all(b"x").await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut answer = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), reader.read_to_end(&mut answer)).await.is_ok();
+    let early = closed && !trickler.is_finished();
+    trickler.abort();
+    (early, String::from_utf8_lossy(&answer).into_owned())
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn slow_heads_and_trickling_bodies_are_cut_off_at_their_deadlines(pool: PgPool) {
+    let app = TestApp::spawn_with(pool, &["--http-head-timeout-ms", "300", "--http-body-timeout-ms", "300"]).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let hold = format!("POST /events/{}/holds HTTP/1.1\r\nHost: x\r\n", app.event);
+    // Many at once, as the probe did: none may outlive the head deadline.
+    let slow_head = format!("{hold}X-Slow: ");
+    let heads = futures::future::join_all((0..50).map(|_| trickle(&addr, &slow_head))).await;
+    for (early, answer) in &heads {
+        assert!(*early, "a slow head kept its connection: {answer}");
+        assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+    let body = format!("{hold}Content-Type: application/json\r\nContent-Length: 200\r\n\r\n");
+    let (early, answer) = trickle(&addr, &body).await;
+    assert!(early, "a trickling body kept its connection: {answer}");
+    assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("request_timeout"), "{answer}");
+    // The service itself is untouched.
+    assert_eq!(app.get_event("fan-a").await.status, 200);
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_credential_that_is_not_plain_ascii_is_refused_not_skipped_for_the_cookie(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let url = app.url(&format!("/events/{}", app.event));
+    let odd = format!("Bearer {}\u{a0}", app.proof("fan-a"));
+    let odd = reqwest::header::HeaderValue::from_bytes(odd.as_bytes()).expect("header bytes");
+    let cookie = format!("wr_admission={}", app.proof("fan-b"));
+    let r = app.send(app.client.get(&url).header("authorization", odd).header("cookie", &cookie)).await;
+    assert_eq!((r.status, r.code()), (401, "admission_invalid"), "{}", r.body);
+    // The cookie alone is a proof; a header and a cookie that disagree: the header decides.
+    assert_eq!(app.send(app.client.get(&url).header("cookie", &cookie)).await.status, 200);
+    let both = app.client.get(&url).header("cookie", &cookie).bearer_auth("not-a-proof");
+    assert_eq!(app.send(both).await.code(), "admission_invalid");
+    app.stop().await;
+}
