@@ -46,6 +46,10 @@ pub async fn sweeper(pool: PgPool, every: Duration, check: PaymentCheck) {
         tick.tick().await;
         let asked = confirm_lost_payments(&pool, &check).await;
         repair_paid_markers(&pool, &check.holds, &mut repaired_until).await;
+        match orders::forget_old_keys(&pool, SWEEP_BATCH).await {
+            Ok(n) => metrics::counter!("booking_idempotency_keys_forgotten_total").increment(n),
+            Err(e) => tracing::warn!(error = %e, "could not forget old idempotency keys"),
+        }
         // Drain a backlog in batches, then wait for the next tick.
         loop {
             match lifecycle::sweep(&pool, SWEEP_BATCH, &asked).await {

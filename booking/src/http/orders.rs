@@ -117,7 +117,8 @@ pub async fn create_order(
     // succeeded fails here (its seats are sold now) and is answered from its idempotency key.
     let rec = match gate(&state, event, account, token).await {
         Ok(rec) => rec,
-        Err(e) => return answer.refused(e).await,
+        Err(Gate::Never(e)) => return answer.refused_unrecorded(e).await,
+        Err(Gate::Refused(e)) => return answer.refused(e).await,
     };
 
     // Gate 2, Postgres: idempotency, the account cap, the order and all its seats, or nothing.
@@ -211,6 +212,23 @@ impl Answers<'_> {
         }
     }
 
+    /// Sends a refusal without recording it; if the key already answered this request, sends that answer.
+    async fn refused_unrecorded(&self, e: ApiError) -> Result<Response, ApiError> {
+        if e.status.is_server_error() {
+            return Err(e);
+        }
+        match orders::answered(&self.state.pool, self.event, self.account, self.key, self.fingerprint).await {
+            Ok(Some(Recorded::Existing(previous))) => Ok(self.replay(previous)),
+            Ok(Some(Recorded::Mismatch)) => Err(key_reused()),
+            Ok(Some(Recorded::InFlight)) => Err(in_flight()),
+            Ok(Some(Recorded::Stored) | None) => Err(e),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not read a refused checkout's idempotency key");
+                Err(e)
+            }
+        }
+    }
+
     fn replay(&self, previous: Answer) -> Response {
         let mut res = match previous {
             Answer::Order(order) => (StatusCode::CREATED, Json(view(&order, self.cat))).into_response(),
@@ -223,11 +241,19 @@ impl Answers<'_> {
     }
 }
 
+/// Why gate 1 refused.
+enum Gate {
+    /// No such hold (made up, or gone long ago): not worth a row under the key.
+    Never(ApiError),
+    Refused(ApiError),
+}
+
 /// Gate 1: the hold exists, is this account's, and every seat still carries its token.
-async fn gate(state: &AppState, event: EventId, account: &str, token: HoldToken) -> Result<HoldRecord, ApiError> {
-    match state.holds.verify(event, account, token).await? {
+async fn gate(state: &AppState, event: EventId, account: &str, token: HoldToken) -> Result<HoldRecord, Gate> {
+    match state.holds.verify(event, account, token).await.map_err(|e| Gate::Refused(e.into()))? {
         Ok(rec) => Ok(rec),
-        Err(HoldCheck::NotYours) => Err(hold_not_yours()),
-        Err(_) => Err(hold_expired()),
+        Err(HoldCheck::NotYours) => Err(Gate::Refused(hold_not_yours())),
+        Err(HoldCheck::NotFound) => Err(Gate::Never(hold_expired())),
+        Err(_) => Err(Gate::Refused(hold_expired())),
     }
 }

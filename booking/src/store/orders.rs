@@ -414,12 +414,7 @@ pub async fn record_refusal(
     body: &serde_json::Value,
 ) -> Result<Recorded, StoreError> {
     let mut tx = pool.begin().await?;
-    let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1 || '/' || $2, 7))")
-        .bind(account)
-        .bind(key)
-        .fetch_one(&mut *tx)
-        .await?;
-    if !free {
+    if !lock_key(&mut tx, account, key).await? {
         return Ok(Recorded::InFlight);
     }
     let inserted = sqlx::query(
@@ -438,6 +433,46 @@ pub async fn record_refusal(
         tx.commit().await?;
         return Ok(Recorded::Stored);
     }
+    let found = existing(&mut tx, event, account, key, fingerprint).await?;
+    tx.commit().await?;
+    Ok(found.unwrap_or(Recorded::Stored))
+}
+
+/// What a key already answered, recording nothing: for a refusal not worth keeping (a hold that does not exist,
+/// which anyone can make up in any number), yet a retry of a checkout that succeeded must still get its order.
+pub async fn answered(
+    pool: &PgPool,
+    event: EventId,
+    account: &str,
+    key: &str,
+    fingerprint: &str,
+) -> Result<Option<Recorded>, StoreError> {
+    let mut tx = pool.begin().await?;
+    if !lock_key(&mut tx, account, key).await? {
+        return Ok(Some(Recorded::InFlight));
+    }
+    let found = existing(&mut tx, event, account, key, fingerprint).await?;
+    tx.commit().await?;
+    Ok(found)
+}
+
+/// Takes the key's lock for the transaction, as a checkout does; false while another request holds it.
+async fn lock_key(tx: &mut sqlx::PgConnection, account: &str, key: &str) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1 || '/' || $2, 7))")
+        .bind(account)
+        .bind(key)
+        .fetch_one(tx)
+        .await?)
+}
+
+/// The key's answer: [`Recorded::Existing`] for this request, [`Recorded::Mismatch`] for another, or none.
+async fn existing(
+    conn: &mut sqlx::PgConnection,
+    event: EventId,
+    account: &str,
+    key: &str,
+    fingerprint: &str,
+) -> Result<Option<Recorded>, StoreError> {
     let rows = sqlx::query(
         "SELECT k.fingerprint, k.order_id, k.response_status::bigint AS detail, k.response_body,
                 os.seat_id, os.ticket_type_id, os.price_cents, o.status, o.hold_token, o.total_cents,
@@ -449,14 +484,29 @@ pub async fn record_refusal(
     )
     .bind(account)
     .bind(key)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut *conn)
     .await?;
-    tx.commit().await?;
-    let Some(first) = rows.first() else { return Ok(Recorded::Stored) };
+    let Some(first) = rows.first() else { return Ok(None) };
     if first.try_get::<String, _>("fingerprint")? != fingerprint {
-        return Ok(Recorded::Mismatch);
+        return Ok(Some(Recorded::Mismatch));
     }
-    Ok(Recorded::Existing(answer_from_rows(event, &rows)?))
+    Ok(Some(Recorded::Existing(answer_from_rows(event, &rows)?)))
+}
+
+/// How long a key keeps its answer, as pretix keeps them: a client retries within minutes, not days.
+pub const KEY_LIFETIME: time::Duration = time::Duration::hours(24);
+
+/// Forgets up to `batch` keys older than [`KEY_LIFETIME`]; returns how many.
+pub async fn forget_old_keys(pool: &PgPool, batch: i64) -> Result<u64, StoreError> {
+    let done = sqlx::query(
+        "DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(
+             SELECT ctid FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1) LIMIT $2))",
+    )
+    .bind(KEY_LIFETIME.as_seconds_f64())
+    .bind(batch)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// RFC 3339 with the offset the database gave (UTC).

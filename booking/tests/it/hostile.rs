@@ -92,3 +92,46 @@ async fn a_credential_that_is_not_plain_ascii_is_refused_not_skipped_for_the_coo
     assert_eq!(app.send(both).await.code(), "admission_invalid");
     app.stop().await;
 }
+
+async fn stored_keys(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idempotency_keys").fetch_one(&app.pool).await.expect("count")
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn checkouts_of_made_up_holds_store_nothing_and_keys_are_forgotten_after_a_day(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // A thousand made-up hold tokens under a thousand keys used to be a thousand rows kept forever.
+    let made_up = futures::future::join_all((0..20).map(|i| {
+        let token = uuid::Uuid::new_v4().to_string();
+        let app = &app;
+        async move { app.checkout("fan-a", &token, &format!("junk-{i}")).await }
+    }))
+    .await;
+    assert!(made_up.iter().all(|r| (r.status, r.code()) == (409, "hold_expired")), "{:?}", made_up[0].body);
+    assert_eq!(stored_keys(&app).await, 0);
+
+    // A real checkout's key still answers its retry, after the hold is gone, with the same order.
+    let seats = app.seats_on_sale().await;
+    let hold = app.hold("fan-a", &seats[..1]).await.str("hold_token");
+    let first = app.checkout("fan-a", &hold, "real").await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let again = app.checkout("fan-a", &hold, "real").await;
+    assert_eq!((again.status, again.str("order_id")), (201, first.str("order_id")));
+    assert_eq!(again.headers.get("idempotent-replayed").map(|v| v.to_str().ok()), Some(Some("true")));
+    let other_body = app.checkout("fan-a", &uuid::Uuid::new_v4().to_string(), "real").await;
+    assert_eq!((other_body.status, other_body.code()), (422, "idempotency_key_reused"));
+    assert_eq!(stored_keys(&app).await, 1);
+
+    // A day later the key is forgotten; a younger one stays.
+    sqlx::query("UPDATE idempotency_keys SET created_at = now() - interval '25 hours'")
+        .execute(&app.pool)
+        .await
+        .expect("age");
+    let hold = app.hold("fan-b", &seats[1..2]).await.str("hold_token");
+    assert_eq!(app.checkout("fan-b", &hold, "young").await.status, 201);
+    assert_eq!(booking::store::orders::forget_old_keys(&app.pool, 100).await.expect("forget"), 1);
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT key FROM idempotency_keys").fetch_all(&app.pool).await.expect("keys");
+    assert_eq!(left, ["young"]);
+    app.stop().await;
+}
