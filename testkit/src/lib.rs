@@ -1,5 +1,7 @@
 //! What booking's and the gateway's integration tests share: the stack's Redis, a key prefix of a test's own,
-//! ports for the servers tests start, and bounded waiting.
+//! ports for the servers tests start, bounded waiting, and forged credentials.
+
+pub mod forgery;
 
 use std::time::Duration;
 

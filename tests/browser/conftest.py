@@ -73,6 +73,11 @@ class Fan:
         self.page = self.context.new_page()
         self.errors = []
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        # A script or style the page's Content-Security-Policy blocked is reported on the console only.
+        self.page.on(
+            "console",
+            lambda m: self.errors.append(m.text) if "Content Security Policy" in m.text else None,
+        )
 
     def shot(self, name):
         os.makedirs(SHOTS, exist_ok=True)

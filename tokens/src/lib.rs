@@ -163,14 +163,16 @@ pub enum TokenError {
     Malformed,
     #[error("the token is larger than {MAX_TOKEN_BYTES} bytes")]
     TooLarge,
-    #[error("the token names no key id, or one this service does not know")]
-    UnknownKey,
     #[error("the token's algorithm is not HS256")]
     WrongAlgorithm,
-    #[error("the token's signature does not match")]
+    /// Also a key id that is missing or unknown: the refusal does not tell a prober which key ids exist.
+    #[error("the token's signature does not verify")]
     BadSignature,
     #[error("the token has expired")]
     Expired,
+    /// `nbf` or `iat` in the future (beyond the clock skew tolerated).
+    #[error("the token is not valid yet")]
+    NotYetValid,
     #[error("the token is for another audience or issuer")]
     WrongAudience,
     #[error("the token's subject is not a valid account id")]
@@ -327,10 +329,12 @@ impl VerifiedProofs {
     }
 }
 
-/// The checks every token of one kind must pass: HS256 only, `exp` (with leeway), audience, issuer, subject.
+/// The checks every token of one kind must pass: HS256 only, `exp` and `nbf` (with leeway), audience, issuer,
+/// subject.
 fn validation(audience: &str, issuer: &str) -> Validation {
     let mut validation = Validation::new(Algorithm::HS256);
     validation.leeway = LEEWAY_SECONDS;
+    validation.validate_nbf = true;
     validation.set_audience(&[audience]);
     validation.set_issuer(&[issuer]);
     validation.set_required_spec_claims(&["exp", "aud", "iss", "sub"]);
@@ -432,7 +436,7 @@ impl Keyring {
         self.verify(token, &validation(ACCOUNT_AUDIENCE, issuer))
     }
 
-    fn verify<C: DeserializeOwned>(&self, token: &str, validation: &Validation) -> Result<C, TokenError> {
+    fn verify<C: DeserializeOwned + Issued>(&self, token: &str, validation: &Validation) -> Result<C, TokenError> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(TokenError::TooLarge);
         }
@@ -442,20 +446,42 @@ impl Keyring {
         if header.alg != Algorithm::HS256 {
             return Err(TokenError::WrongAlgorithm);
         }
-        let kid = header.kid.ok_or(TokenError::UnknownKey)?;
-        let key = self.keys.iter().find(|k| k.kid == kid).ok_or(TokenError::UnknownKey)?;
-        decode::<C>(token, &key.decoding, validation).map(|data| data.claims).map_err(|e| {
+        let kid = header.kid.ok_or(TokenError::BadSignature)?;
+        let key = self.keys.iter().find(|k| k.kid == kid).ok_or(TokenError::BadSignature)?;
+        let claims = decode::<C>(token, &key.decoding, validation).map(|data| data.claims).map_err(|e| {
             use jsonwebtoken::errors::ErrorKind as K;
             match e.kind() {
                 K::ExpiredSignature => TokenError::Expired,
+                K::ImmatureSignature => TokenError::NotYetValid,
                 K::InvalidSignature => TokenError::BadSignature,
                 K::InvalidAudience | K::InvalidIssuer => TokenError::WrongAudience,
                 K::InvalidAlgorithm => TokenError::WrongAlgorithm,
                 _ => TokenError::Malformed,
             }
-        })
+        })?;
+        // A token issued in the future was made by a signer with a wrong clock, or made to outlive its `exp`.
+        if claims.issued_at() > unix_now() + LEEWAY_SECONDS {
+            return Err(TokenError::NotYetValid);
+        }
+        Ok(claims)
     }
 }
+
+/// Claims that say when they were issued.
+trait Issued {
+    fn issued_at(&self) -> u64;
+}
+
+macro_rules! issued {
+    ($($t:ty),*) => {$(
+        impl Issued for $t {
+            fn issued_at(&self) -> u64 {
+                self.iat
+            }
+        }
+    )*};
+}
+issued!(AdmissionClaims, TicketClaims, AccountClaims);
 
 /// Seconds since the Unix epoch, by this machine's clock (token lifetimes only; business times come from the
 /// stores).

@@ -29,7 +29,13 @@ fn rotated_keys_verify_old_tokens_and_sign_with_the_new_one() {
     let rotated = ring(&format!("k2:{SECRET_B},k1:{SECRET_A}"));
     let claims = AdmissionClaims::new(account("fan-1"), 1, unix_now(), 600);
     assert!(rotated.verify_admission(&old.sign(&claims)).is_ok());
-    check_refused(&old, &rotated.sign(&claims), TokenError::UnknownKey);
+    // An unknown key id is refused as a bad signature is: a prober learns nothing of which key ids exist.
+    check_refused(&old, &rotated.sign(&claims), TokenError::BadSignature);
+    let forged = ring(&format!("k1:{SECRET_B}")).sign(&claims);
+    assert_eq!(
+        old.verify_admission(&forged).map_err(|e| e.to_string()),
+        old.verify_admission(&rotated.sign(&claims)).map_err(|e| e.to_string())
+    );
 }
 
 #[test]
@@ -184,4 +190,21 @@ fn the_verified_proofs_stay_bounded() {
     assert!(ring.check_admission(Some(&bearer(&next)), []).is_ok());
     assert_eq!(ring.verified.len(), 2);
     assert!(ring.verified.get(&live, now).is_some());
+}
+
+#[test]
+fn a_token_not_valid_yet_or_issued_in_the_future_is_refused() {
+    let ring = ring(&format!("k1:{SECRET_A}"));
+    let now = unix_now();
+    let future = AdmissionClaims::new(account("fan-1"), 1, now + 600, 600);
+    check_refused(&ring, &ring.sign(&future), TokenError::NotYetValid);
+    // Within the clock skew tolerated, it is accepted.
+    let skewed = AdmissionClaims::new(account("fan-1"), 1, now + 2, 600);
+    assert!(ring.verify_admission(&ring.sign(&skewed)).is_ok());
+    // A `nbf` claim is checked although the claims we issue never carry one.
+    let mut with_nbf = serde_json::to_value(AdmissionClaims::new(account("fan-1"), 1, now, 600)).expect("json");
+    with_nbf["nbf"] = serde_json::json!(now + 600);
+    check_refused(&ring, &ring.sign(&with_nbf), TokenError::NotYetValid);
+    with_nbf["nbf"] = serde_json::json!(now - 1);
+    assert!(ring.verify_admission(&ring.sign(&with_nbf)).is_ok());
 }

@@ -135,3 +135,59 @@ async fn checkouts_of_made_up_holds_store_nothing_and_keys_are_forgotten_after_a
     assert_eq!(left, ["young"]);
     app.stop().await;
 }
+
+/// The admission proofs booking is shown, and how each is refused.
+fn admission(event: i64) -> testkit::forgery::Kind {
+    let (kid, secret) = crate::app::KEYS.split_once(':').expect("kid:secret");
+    testkit::forgery::Kind {
+        kid: kid.into(),
+        secret: secret.into(),
+        audience: tokens::ADMISSION_AUDIENCE,
+        issuer: tokens::ADMISSION_ISSUER.into(),
+        event: Some(event),
+    }
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn every_forged_tampered_or_misused_credential_is_refused_with_its_code(pool: PgPool) {
+    use testkit::forgery::{Forgery, Kind, Refused};
+    let app = TestApp::spawn(pool).await;
+    let proof = admission(app.event);
+    // Tokens of the other kinds, validly signed: a queue ticket, and an account token (under the same key, or
+    // under the platform's own, which booking does not know).
+    let ticket = Kind { audience: tokens::TICKET_AUDIENCE, ..proof.clone() }.valid("fan-a");
+    let account = Kind { audience: tokens::ACCOUNT_AUDIENCE, issuer: "platform".into(), event: None, ..proof.clone() };
+    let platform =
+        Kind { kid: "a1".into(), secret: "the-platform-account-secret-of-32-bytes".into(), ..account.clone() };
+    let mut cases = proof.forgeries("fan-a");
+    for (name, token) in [
+        ("a queue ticket", ticket),
+        ("an account token", account.valid("fan-a")),
+        ("the platform's account token", platform.valid("fan-a")),
+    ] {
+        cases.push(Forgery { name, token, refused: Refused::Invalid });
+    }
+    let url = app.url(&format!("/events/{}", app.event));
+    for case in &cases {
+        let (status, code) = match case.refused {
+            Refused::Invalid => (401, "admission_invalid"),
+            Refused::Expired => (401, "admission_expired"),
+            Refused::WrongEvent => (403, "admission_wrong_event"),
+        };
+        let by_header = app.send(app.client.get(&url).bearer_auth(&case.token)).await;
+        assert_eq!((by_header.status, by_header.code()), (status, code), "{} (header): {}", case.name, by_header.body);
+        let cookie = format!("wr_admission={}", case.token);
+        let by_cookie = app.send(app.client.get(&url).header("cookie", cookie)).await;
+        assert_eq!((by_cookie.status, by_cookie.code()), (status, code), "{} (cookie): {}", case.name, by_cookie.body);
+    }
+    // The same table's valid token is accepted: the refusals above are the forgeries', not the harness's.
+    assert_eq!(app.send(app.client.get(&url).bearer_auth(proof.valid("fan-a"))).await.status, 200);
+    // A valid proof in the header decides over a forged cookie, and a forged header over a valid cookie.
+    let valid = proof.valid("fan-a");
+    let forged = &cases[0].token;
+    let header_valid = app.client.get(&url).bearer_auth(&valid).header("cookie", format!("wr_admission={forged}"));
+    assert_eq!(app.send(header_valid).await.status, 200);
+    let header_forged = app.client.get(&url).bearer_auth(forged).header("cookie", format!("wr_admission={valid}"));
+    assert_eq!(app.send(header_forged).await.code(), "admission_invalid");
+    app.stop().await;
+}

@@ -33,6 +33,23 @@ use crate::upstreams::Upstreams;
 
 /// The waiting-room page: a static shell (cacheable by a CDN); live numbers come from the status endpoint.
 const PAGE: &str = include_str!("../queue.html");
+
+/// The page's Content-Security-Policy: its own inline script and style, by hash, and nothing else; requests to
+/// this origin only; never framed (no clickjacking of "join").
+static PAGE_POLICY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let hash = |open: &str, close: &str| {
+        use base64::Engine;
+        use sha2::Digest;
+        let inner = PAGE.split_once(open).and_then(|(_, rest)| rest.split_once(close)).map_or("", |(inner, _)| inner);
+        format!("'sha256-{}'", base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(inner)))
+    };
+    format!(
+        "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self'; \
+         base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        hash("<script>", "</script>"),
+        hash("<style>", "</style>")
+    )
+});
 /// How long a client's idle connection is kept open between requests, in seconds.
 const KEEPALIVE_SECONDS: u64 = 60;
 /// How long a client may take to send a request's whole body.
@@ -202,6 +219,10 @@ impl Edge {
                 headers: vec![
                     ("content-type", "text/html; charset=utf-8".into()),
                     ("cache-control", "public, max-age=300".into()),
+                    ("content-security-policy", PAGE_POLICY.clone()),
+                    ("x-frame-options", "DENY".into()),
+                    ("x-content-type-options", "nosniff".into()),
+                    ("referrer-policy", "no-referrer".into()),
                 ],
                 body: Bytes::from_static(PAGE.as_bytes()),
             };

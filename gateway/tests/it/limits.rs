@@ -232,3 +232,57 @@ async fn the_admin_api_needs_its_token_and_refuses_bad_settings() {
     assert!(metrics.text.contains(&format!("waiting_room_admitted_total{{event=\"{event}\"}}")), "{}", metrics.text);
     upstream.stop().await;
 }
+
+/// A kind of token the gateway checks, signed with the harness's keys.
+fn kind(keys: &str, audience: &'static str, issuer: &str, event: Option<i64>) -> testkit::forgery::Kind {
+    let (kid, secret) = keys.split_once(':').expect("kid:secret");
+    testkit::forgery::Kind { kid: kid.into(), secret: secret.into(), audience, issuer: issuer.into(), event }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_forged_tampered_or_misused_credential_is_refused_with_its_code() {
+    use testkit::forgery::{Forgery, Refused};
+    let upstream = Upstream::start().await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let event = 206;
+    let proof = kind(KEYS, tokens::ADMISSION_AUDIENCE, tokens::ADMISSION_ISSUER, Some(event));
+    let ticket = kind(KEYS, tokens::TICKET_AUDIENCE, tokens::ADMISSION_ISSUER, Some(event));
+    let account = kind(ACCOUNT_KEYS, tokens::ACCOUNT_AUDIENCE, "platform", None);
+    // Each kind's table, plus the other kinds' valid tokens presented in its place, and where each is presented.
+    let misused = |name: &'static str, token: String| Forgery { name, token, refused: Refused::Invalid };
+    let mut proofs = proof.forgeries("fan-a");
+    proofs.push(misused("a queue ticket as a proof", ticket.valid("fan-a")));
+    proofs.push(misused("an account token as a proof", account.valid("fan-a")));
+    let mut tickets = ticket.forgeries("fan-a");
+    tickets.push(misused("a proof as a ticket", proof.valid("fan-a")));
+    let mut accounts = account.forgeries("fan-a");
+    accounts.push(misused("a proof as an account token", proof.valid("fan-a")));
+    accounts.push(misused("a ticket as an account token", ticket.valid("fan-a")));
+    let tables = [
+        ("admission", reqwest::Method::GET, format!("/events/{event}"), proofs, proof.valid("fan-a")),
+        ("ticket", reqwest::Method::GET, format!("/queue/{event}/status"), tickets, ticket.valid("fan-a")),
+        ("account", reqwest::Method::POST, format!("/queue/{event}/join"), accounts, account.valid("fan-a")),
+    ];
+    for (prefix, method, path, cases, valid) in tables {
+        for case in &cases {
+            let (status, code) = match case.refused {
+                Refused::Invalid => (401, format!("{prefix}_invalid")),
+                Refused::Expired => (401, format!("{prefix}_expired")),
+                Refused::WrongEvent => (403, format!("{prefix}_wrong_event")),
+            };
+            let req = gw.client.request(method.clone(), format!("{}{path}", gw.base)).bearer_auth(&case.token);
+            let r = gw.send(req).await;
+            assert_eq!((r.status, r.code()), (status, code.as_str()), "{prefix}: {}: {}", case.name, r.text);
+        }
+        // The table's own valid token gets past the credential check (the room does not exist: 404 after it).
+        let r = gw.send(gw.client.request(method, format!("{}{path}", gw.base)).bearer_auth(&valid)).await;
+        assert!(!r.code().starts_with(prefix) && r.status != 401, "{prefix}: the valid token: {}", r.text);
+    }
+    // An account token where a ticket is due is named as such.
+    let r = gw
+        .get(&format!("/queue/{event}/status"), &[("authorization", &format!("Bearer {}", account.valid("fan-a")))])
+        .await;
+    assert_eq!((r.status, r.code()), (401, "ticket_required"));
+    assert_eq!(upstream.hits(), 1, "no forged proof reached booking; the valid one did");
+    upstream.stop().await;
+}

@@ -391,6 +391,11 @@ async fn bad_tokens_and_tickets_get_clear_refusals() {
     let page = gw.get(&format!("/queue/{event}"), &[("accept", "text/html")]).await;
     assert_eq!(page.status, 200);
     assert!(page.header("content-type").is_some_and(|c| c.starts_with("text/html")) && page.text.contains("aria-live"));
+    // Never framed (no clickjacking of "join"), and no script but its own (the browser tests run it under this).
+    assert_eq!(page.header("x-frame-options"), Some("DENY"));
+    let policy = page.header("content-security-policy").unwrap_or_default();
+    assert!(policy.contains("frame-ancestors 'none'") && policy.contains("script-src 'sha256-"), "{policy}");
+    assert!(!policy.contains("unsafe-inline"), "{policy}");
     let as_json = gw
         .get(
             &format!("/queue/{event}"),
