@@ -665,11 +665,17 @@ fn redis_port(args: &BenchArgs) -> anyhow::Result<(String, u16)> {
 async fn redis_benchmark(args: &BenchArgs) -> anyhow::Result<f64> {
     let (host, port) = redis_port(args)?;
     let client = redis::Client::open(args.redis_url.expose_secret())?;
+    // redis-benchmark takes a password only on its command line (`-a`): a local benchmark's scratch Redis.
+    let auth: Vec<String> = match client.get_connection_info().redis_settings().password() {
+        Some(password) => vec!["--no-auth-warning".into(), "-a".into(), password.to_owned()],
+        None => Vec::new(),
+    };
     let mut conn = client.get_multiplexed_async_connection().await?;
     let source = booking::store::holds::sources::ACQUIRE_HOLD;
     let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(source).query_async(&mut conn).await?;
     let requests = (args.seconds * 40_000).to_string();
     let out = Command::new("redis-benchmark")
+        .args(&auth)
         .args(["-h", &host, "-p", &port.to_string(), "-c", &args.connections.to_string(), "-n", &requests])
         .args(["-r", "1000000000", "--dbnum", "9", "-q"])
         .args(["EVALSHA", &sha, "7"])

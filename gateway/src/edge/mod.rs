@@ -311,6 +311,10 @@ impl Edge {
         let whole = tokio::time::timeout(BODY_DEADLINE, async {
             while let Some(piece) = session.read_request_body().await.map_err(|e| {
                 tracing::debug!(error = %e, "request body refused");
+                // A chunk so large its size overflows (2^64-1 bytes, say) is a body too large, said at once.
+                if e.to_string().contains("chunk size overflows") {
+                    return too_large();
+                }
                 invalid("the request body is not validly framed")
             })? {
                 read += piece.len();

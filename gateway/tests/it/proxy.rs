@@ -436,6 +436,7 @@ async fn requests_a_smuggler_sends_are_refused_the_connection_closed_and_none_re
         ("a chunk size that is not hex", post("1.1", &chunked, "zz\r\n{}\r\n0\r\n\r\n"), 400, true),
         ("an empty chunk-size line", post("1.1", &chunked, "\r\n2\r\n{}\r\n0\r\n\r\n"), 400, true),
         ("64 KiB of trailer fields", post("1.1", &chunked, &format!("2\r\n{{}}\r\n{trailers}")), 400, true),
+        ("a chunk of 2^64-1 bytes", post("1.1", &chunked, "ffffffffffffffff\r\nabc"), 413, true),
     ];
     let mut failures = Vec::new();
     for (name, request, status, json) in &cases {
