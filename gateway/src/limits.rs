@@ -287,3 +287,57 @@ mod tests {
         assert_eq!(retry_after_seconds(Duration::from_millis(2100)), 3);
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Forwarding-header-like text: addresses, ports, brackets, commas and anything else.
+    fn forwarded() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "(([0-9]{1,3}\\.){3}[0-9]{1,3}(:[0-9]{1,6})?)(, ?([0-9]{1,3}\\.){3}[0-9]{1,3}){0,3}",
+            "\\[?[0-9a-f:]{2,39}\\]?(:[0-9]{1,6})?",
+            "[0-9a-f:.,\\[\\] ]{0,40}",
+            any::<String>(),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn the_client_ip_choice_never_panics_and_never_believes_an_untrusted_peer(
+            values in prop::collection::vec(forwarded(), 0..3),
+            trusted_peer in any::<bool>(),
+        ) {
+            let limits = Limits::new(1, 1, 1, 1, vec!["10.0.0.0/8".parse().expect("cidr")]);
+            let peer: IpAddr = if trusted_peer { "10.0.0.1" } else { "203.0.113.1" }.parse().expect("ip");
+            let refs: Vec<&str> = values.iter().map(String::as_str).collect();
+            match limits.client_ip(peer, &refs) {
+                Ok(ip) if !trusted_peer => prop_assert_eq!(ip, peer),
+                Ok(ip) => {
+                    // The peer itself (no header), or an address the header names.
+                    let named = refs.iter().flat_map(|v| v.split(',')).filter_map(parse_ip).any(|a| a == ip);
+                    prop_assert!(ip == peer && refs.is_empty() || named, "{:?} gave {}", refs, ip);
+                }
+                Err(UnreadableClientIp) => prop_assert!(trusted_peer && !refs.is_empty()),
+            }
+        }
+
+        #[test]
+        fn every_address_parses_back_in_every_form_proxies_write(v4 in any::<u32>(), v6 in any::<u128>(), port in any::<u16>()) {
+            let v4 = std::net::Ipv4Addr::from_bits(v4);
+            let v6 = std::net::Ipv6Addr::from_bits(v6);
+            prop_assert_eq!(parse_ip(&format!(" {v4} ")), Some(IpAddr::V4(v4)));
+            prop_assert_eq!(parse_ip(&format!("{v4}:{port}")), Some(IpAddr::V4(v4)));
+            prop_assert_eq!(parse_ip(&v6.to_string()), Some(IpAddr::V6(v6)));
+            prop_assert_eq!(parse_ip(&format!("[{v6}]:{port}")), Some(IpAddr::V6(v6)));
+            prop_assert_eq!(parse_ip(&format!("[{v6}]")), Some(IpAddr::V6(v6)));
+            // The /64 key keeps the first 64 bits and nothing else.
+            let key = limit_key(IpAddr::V6(v6));
+            if v6.to_ipv4_mapped().is_none() {
+                prop_assert_eq!(key, IpAddr::V6(std::net::Ipv6Addr::from_bits(v6.to_bits() >> 64 << 64)));
+            }
+        }
+    }
+}

@@ -53,3 +53,11 @@ pub async fn eventually(within: Duration, mut check: impl AsyncFnMut() -> bool) 
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// `n` values drawn from a proptest `strategy`, deterministically and without shrinking: for inputs sent over
+/// HTTP, where each case is a request and a failure names its input.
+pub fn draw<S: proptest::strategy::Strategy>(strategy: S, n: usize) -> Vec<S::Value> {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    (0..n).filter_map(|_| strategy.new_tree(&mut runner).ok().map(|tree| tree.current())).collect()
+}

@@ -208,3 +208,57 @@ fn a_token_not_valid_yet_or_issued_in_the_future_is_refused() {
     with_nbf["nbf"] = serde_json::json!(now - 1);
     assert!(ring.verify_admission(&ring.sign(&with_nbf)).is_ok());
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Cookie-header-like text: names, `=`, `;`, spaces and anything else.
+    fn cookie_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z_ =;]{0,40}",
+            "(wr_admission|wr_account|theme|x)=[ -~]{0,20}(; ?(wr_admission|x)=[ -~]{0,20}){0,3}",
+            any::<String>(),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn the_cookie_reader_never_panics_and_returns_only_the_named_cookie(values in prop::collection::vec(cookie_text(), 0..4)) {
+            let found = cookie(values.iter().map(String::as_str), ADMISSION_COOKIE);
+            if let Some(value) = found {
+                // The value follows `wr_admission=` in one of the headers, as a whole pair.
+                let pair = format!("{ADMISSION_COOKIE}={value}");
+                let whole = values.iter().any(|v| v.split(';').any(|p| p.trim() == pair));
+                prop_assert!(whole, "{:?} gave {:?}", values, value);
+            } else {
+                let named = format!("{ADMISSION_COOKIE}=");
+                let present = values.iter().any(|v| v.split(';').any(|p| p.trim().starts_with(&named)));
+                prop_assert!(!present);
+            }
+        }
+
+        #[test]
+        fn the_header_is_read_or_refused_never_skipped(raw in prop::collection::vec(any::<u8>(), 0..64)) {
+            match authorization_text(Some(&raw)) {
+                Ok(Some(text)) => prop_assert_eq!(text.as_bytes(), &raw[..]),
+                Ok(None) => prop_assert!(false, "a header present is never read as absent"),
+                Err(refusal) => {
+                    prop_assert_eq!(refusal.code(), "admission_invalid");
+                    prop_assert!(raw.iter().any(|&b| b != b'\t' && !(b' '..=b'~').contains(&b)));
+                }
+            }
+        }
+
+        #[test]
+        fn any_text_as_a_token_is_refused_without_panicking(token in prop_oneof![any::<String>(), "[A-Za-z0-9_-]{0,60}\\.[A-Za-z0-9_-]{0,200}\\.[A-Za-z0-9_-]{0,60}"]) {
+            let ring = ring(&format!("k1:{SECRET_A}"));
+            prop_assert!(ring.verify_admission(&token).is_err());
+            prop_assert!(ring.verify_ticket(&token).is_err());
+            prop_assert!(ring.verify_account(&token, "platform").is_err());
+            let header = format!("Bearer {token}");
+            prop_assert!(ring.check_admission(Some(&header), [token.as_str()]).is_err());
+        }
+    }
+}

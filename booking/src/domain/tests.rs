@@ -66,3 +66,31 @@ fn hold_tokens_are_time_ordered_with_74_random_bits_and_order_ids_ascend() {
     assert!(orders.iter().all(|o| o.get_version_num() == 7));
     assert!(orders.windows(2).all(|w| w[0] < w[1]), "order ids ascend, so their indexes grow at one edge");
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn any_basket_is_accepted_only_when_it_is_distinct_on_sale_and_within_the_cap(
+            raw in prop::collection::vec(prop_oneof![0i64..40, any::<i64>()], 0..12),
+            max in 0usize..10,
+        ) {
+            let cat = catalogue(&(1..=30).collect::<Vec<_>>());
+            match Basket::parse(&raw, max, &cat) {
+                Ok(basket) => {
+                    let distinct: HashSet<i64> = raw.iter().copied().collect();
+                    prop_assert!(!raw.is_empty() && raw.len() <= max && distinct.len() == raw.len());
+                    prop_assert!(raw.iter().all(|&s| (1..=30).contains(&s)));
+                    prop_assert_eq!(basket.seats().iter().map(|s| s.0).collect::<Vec<_>>(), raw);
+                }
+                Err(BasketError::Empty) => prop_assert!(raw.is_empty()),
+                Err(BasketError::TooMany { max: m }) => prop_assert!(raw.len() > m && m == max),
+                Err(BasketError::Duplicate(seat)) => prop_assert!(raw.iter().filter(|&&s| s == seat.0).count() > 1),
+                Err(BasketError::NotOnSale(seat)) => prop_assert!(!(1..=30).contains(&seat.0)),
+            }
+        }
+    }
+}

@@ -191,3 +191,85 @@ async fn every_forged_tampered_or_misused_credential_is_refused_with_its_code(po
     assert_eq!(app.send(header_forged).await.code(), "admission_invalid");
     app.stop().await;
 }
+
+/// A JSON value of any shape a client may send, a few levels deep.
+fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+    let leaf = prop_oneof![
+        any::<i64>().prop_map(|n| json!(n)),
+        (0i64..500).prop_map(|n| json!(n)),
+        any::<f64>().prop_map(|f| json!(f)),
+        any::<bool>().prop_map(|b| json!(b)),
+        "[ -~]{0,12}".prop_map(|s| json!(s)),
+        Just(Value::Null),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        let key = prop_oneof![
+            Just("seat_ids".to_owned()),
+            Just("best_available".to_owned()),
+            Just("quantity".to_owned()),
+            Just("section".to_owned()),
+            Just("allow_split".to_owned()),
+            Just("accessible".to_owned()),
+            Just("ticket_type_id".to_owned()),
+            Just("hold_token".to_owned()),
+            "[a-z_]{1,8}",
+        ];
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec((key, inner), 0..5).prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn generated_bodies_and_headers_never_get_a_server_error(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let event = app.event;
+    let proof = app.proof("fan-a");
+    let mut failures = Vec::new();
+    let holds = app.url(&format!("/events/{event}/holds"));
+    let orders = app.url(&format!("/events/{event}/orders"));
+    let seats = app.seats_on_sale().await;
+    let (low, high) = (seats[0] - 60, seats[seats.len() - 1] + 5);
+    let shaped = {
+        use proptest::prelude::*;
+        use serde_json::json;
+        prop_oneof![
+            any_json(),
+            prop::collection::vec(prop_oneof![low..high, any::<i64>()], 0..10).prop_map(|ids| json!({"seat_ids": ids})),
+            (any::<i64>(), prop_oneof![0i64..12, any::<i64>()], "[A-Za-z0-9 ]{0,12}", any::<bool>(), any::<bool>())
+                .prop_map(|(tt, q, section, split, accessible)| json!({"best_available": {"quantity": q,
+                    "ticket_type_id": tt, "section": section, "allow_split": split, "accessible": accessible}})),
+            (0i64..12).prop_map(|q| json!({"best_available": {"quantity": q}})),
+            "[0-9a-f-]{0,40}".prop_map(|t| json!({"hold_token": t})),
+        ]
+    };
+    let mut codes = std::collections::BTreeSet::new();
+    for (i, body) in testkit::draw(shaped, 400).into_iter().enumerate() {
+        let url = if i % 3 == 0 { &orders } else { &holds };
+        let req = app.client.post(url).bearer_auth(&proof).header("idempotency-key", format!("p-{i}")).json(&body);
+        let r = app.send(req).await;
+        if r.status >= 500 || r.code().is_empty() && r.status >= 400 {
+            failures.push(format!("{url} {body}: {} {}", r.status, r.body));
+        }
+        codes.insert(format!("{} {}", r.status, r.code()));
+    }
+    // The generator reaches past the body's shape into the checks behind it.
+    assert!(codes.len() >= 6 && codes.contains("201 "), "{codes:?}");
+    let webhook = serde_json::json!({"id": "evt_prop", "type": "payment.succeeded", "created": 1,
+        "data": {"payment_id": "pay_x", "order_id": uuid::Uuid::new_v4(), "amount_cents": 1, "currency": "EUR"}})
+    .to_string();
+    let header = proptest::prop_oneof![proptest::arbitrary::any::<String>(), "t=[0-9]{0,12}(,v1=[0-9a-f]{0,70}){0,8}",];
+    for value in testkit::draw(header, 200) {
+        let Ok(value) = reqwest::header::HeaderValue::from_str(&value) else { continue };
+        let req = app.client.post(app.url("/webhooks/payments")).header("payment-signature", value.clone());
+        let r = app.send(req.header("content-type", "application/json").body(webhook.clone())).await;
+        if r.status != 401 {
+            failures.push(format!("Payment-Signature {value:?}: {} {}", r.status, r.body));
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    app.stop().await;
+}

@@ -102,3 +102,57 @@ fn settings_read_from_redis_need_every_field() {
     hash.remove("max_active");
     assert_eq!(Settings::from_hash(&hash), None);
 }
+
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// A JSON value of the kinds a client may put in a settings field.
+    fn field_value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<u64>().prop_map(|n| json!(n)),
+            (0u64..100_000).prop_map(|n| json!(n)),
+            any::<f64>().prop_map(|f| json!(f)),
+            "[a-z_]{0,12}".prop_map(|s| json!(s)),
+            Just(Value::Null),
+            Just(json!([1, 2])),
+        ]
+    }
+
+    fn patch_body() -> impl Strategy<Value = Value> {
+        let names = prop_oneof![
+            Just("state"),
+            Just("admit_per_minute"),
+            Just("max_active"),
+            Just("session_seconds"),
+            Just("abandon_after_seconds"),
+            Just("opens_at"),
+            Just("other"),
+        ];
+        prop::collection::vec((names, field_value()), 0..6)
+            .prop_map(|fields| Value::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()))
+    }
+
+    proptest! {
+        #[test]
+        fn any_settings_body_is_read_and_checked_without_panicking(body in patch_body()) {
+            let Ok(patch) = serde_json::from_value::<SettingsPatch>(body.clone()) else { return Ok(()) };
+            match patch.validate() {
+                Ok(()) => {
+                    // What passes is in range, field by field.
+                    let within = |v: Option<u32>, min: u32, max: u32| v.is_none_or(|v| (min..=max).contains(&v));
+                    prop_assert!(within(patch.admit_per_minute, 1, 1_000_000), "{}", body);
+                    prop_assert!(within(patch.max_active, 1, 10_000_000), "{}", body);
+                    prop_assert!(within(patch.session_seconds, 10, 86_400), "{}", body);
+                    prop_assert!(within(patch.abandon_after_seconds, 5, 86_400), "{}", body);
+                    prop_assert!(patch.opens_at.is_none_or(|at| at <= 4_102_444_800), "{}", body);
+                    prop_assert!(patch != SettingsPatch::default() && patch.state != Some(QueueState::SoldOut));
+                }
+                Err(e) => prop_assert!(["setting_out_of_range", "state_not_settable", "empty_change"].contains(&e.code())),
+            }
+        }
+    }
+}

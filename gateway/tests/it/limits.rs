@@ -286,3 +286,52 @@ async fn every_forged_tampered_or_misused_credential_is_refused_with_its_code() 
     assert_eq!(upstream.hits(), 1, "no forged proof reached booking; the valid one did");
     upstream.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_settings_never_get_a_server_error_and_only_valid_ones_apply() {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+    let upstream = Upstream::start().await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let event = 207;
+    let url = format!("{}/admin/events/{event}", gw.admin);
+    let value = prop_oneof![
+        any::<i64>().prop_map(|n| json!(n)),
+        (0i64..100_000).prop_map(|n| json!(n)),
+        any::<f64>().prop_map(|f| json!(f)),
+        prop_oneof![Just("open"), Just("paused"), Just("closed"), Just("sold_out"), Just("")].prop_map(|s| json!(s)),
+        "[ -~]{0,10}".prop_map(|s| json!(s)),
+        Just(Value::Null),
+    ];
+    let name = prop_oneof![
+        Just("state"),
+        Just("admit_per_minute"),
+        Just("max_active"),
+        Just("session_seconds"),
+        Just("abandon_after_seconds"),
+        Just("opens_at"),
+        Just("nonsense"),
+    ];
+    let bodies = prop::collection::vec((name, value), 0..5)
+        .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()));
+    let made = gw.send(gw.client.put(&url).bearer_auth(ADMIN_TOKEN).json(&json!({"state": "paused"}))).await;
+    assert!(made.status < 300, "{}", made.text);
+    let mut statuses = std::collections::BTreeSet::new();
+    let mut failures = Vec::new();
+    for body in testkit::draw(bodies, 200) {
+        let r = gw.send(gw.client.put(&url).bearer_auth(ADMIN_TOKEN).json(&body)).await;
+        statuses.insert(r.status);
+        if !matches!(r.status, 200 | 201 | 400 | 409 | 422) || (r.status >= 400 && r.code().is_empty()) {
+            failures.push(format!("{body}: {} {}", r.status, r.text));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(statuses.iter().any(|s| *s < 300) && statuses.contains(&422), "{statuses:?}");
+    // Whatever was accepted along the way, the room's settings are all within range now.
+    gw.wait_for_room(event).await;
+    let room = gw.room(event).await;
+    let within = |field: &str, min: i64, max: i64| room.body[field].as_i64().is_some_and(|v| (min..=max).contains(&v));
+    assert!(within("admit_per_minute", 1, 1_000_000) && within("max_active", 1, 10_000_000), "{}", room.text);
+    assert!(within("session_seconds", 10, 86_400) && within("abandon_after_seconds", 5, 86_400), "{}", room.text);
+    upstream.stop().await;
+}
