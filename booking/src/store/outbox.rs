@@ -47,6 +47,7 @@ pub async fn relay_batch(
         tx.rollback().await?;
         return Ok(0);
     }
+    match_stream(&mut tx, conn, stream).await?;
     // Index lookups whatever the statistics say (as the order functions have since migration 008): a plan made
     // while order_events looked empty scanned the whole table on every tick, and the table only grows. And no
     // JIT, which the disabled scan's cost on the one-row cursor would otherwise set off on every tick.
@@ -98,6 +99,46 @@ pub async fn relay_batch(
         .await?;
     tx.commit().await?;
     Ok(rows.len())
+}
+
+/// Puts the cursor where the stream's last entry says it is, when the two disagree: Redis lost entries (a flush,
+/// a restart that lost the last second of its append-only file, a failover to a replica that lagged), and the
+/// rows after the last one it has are published again; or a relay died after its `XADD` and before its commit,
+/// and the rows the stream has already are not published twice. With no stream at all, everything is published
+/// again. Consumers dedupe on `id` either way. Runs under the cursor's lock.
+async fn match_stream(
+    tx: &mut sqlx::PgConnection,
+    conn: &mut ConnectionManager,
+    stream: &Stream,
+) -> Result<(), StoreError> {
+    let cursor: i64 = sqlx::query_scalar("SELECT id FROM outbox_cursor").fetch_one(&mut *tx).await?;
+    // [[entry id, [field, value, field, value, ...]]]: the `id` field of the last entry, if any.
+    let last: Vec<(String, Vec<String>)> =
+        redis::cmd("XREVRANGE").arg(&stream.key).arg("+").arg("-").arg("COUNT").arg(1).query_async(conn).await?;
+    let on_stream = last
+        .first()
+        .map(|(_, fields)| fields.chunks(2).find(|kv| kv[0] == "id").and_then(|kv| kv.get(1)?.parse::<i64>().ok()));
+    let moved = match on_stream {
+        Some(Some(id)) if id == cursor => return Ok(()),
+        // The row the stream ends with, if this database wrote it (another database's stream is left alone).
+        Some(Some(id)) => {
+            sqlx::query("UPDATE outbox_cursor c SET (txid, id) = (e.txid, e.id) FROM order_events e WHERE e.id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+        }
+        Some(None) => 0,
+        None if cursor == 0 => return Ok(()),
+        None => {
+            sqlx::query("UPDATE outbox_cursor SET (txid, id) = ('0'::xid8, 0)").execute(&mut *tx).await?.rows_affected()
+        }
+    };
+    if moved > 0 {
+        tracing::warn!(cursor, stream_ends_at = ?on_stream.flatten(), "the order stream did not end where the cursor stood; the cursor follows the stream");
+        metrics::counter!("booking_outbox_cursor_moves_total").increment(1);
+    }
+    Ok(())
 }
 
 /// Rows not yet published (for metrics and tests).
