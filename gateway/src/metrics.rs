@@ -38,6 +38,11 @@ pub fn record_response(proxied: bool, status: u16) {
     }
 }
 
+/// A room's settings written back after Redis lost them.
+pub fn record_room_restored() {
+    metrics::counter!("waiting_room_rooms_restored_total").increment(1);
+}
+
 /// One connection closed at once: its client IP holds as many as it may.
 pub fn record_connection_refused() {
     metrics::counter!("gateway_connections_refused_total").increment(1);

@@ -520,19 +520,10 @@ impl QueueStore {
     pub async fn configure(&self, event: i64, patch: &SettingsPatch, seed: u64) -> Result<Configured, StoreError> {
         let k = self.keys(event);
         let settings_key = k.key("settings");
-        let d = Settings::DEFAULT;
         let mut conn = self.conn.clone();
         let mut pipe = redis::pipe();
         pipe.atomic();
-        for (field, value) in [
-            ("state", d.state.as_str().to_owned()),
-            ("admit_per_minute", d.admit_per_minute.to_string()),
-            ("max_active", d.max_active.to_string()),
-            ("session_seconds", d.session_seconds.to_string()),
-            ("abandon_after_seconds", d.abandon_after_seconds.to_string()),
-            ("opens_at", "0".to_owned()),
-            ("version", "0".to_owned()),
-        ] {
+        for (field, value) in Settings::DEFAULT.fields() {
             pipe.hset_nx(&settings_key, field, value).ignore();
         }
         let mut fields: Vec<(&str, String)> = Vec::new();
@@ -558,6 +549,21 @@ impl QueueStore {
         };
         let settings = self.settings(event).await?.ok_or_else(|| StoreError::Reply("settings vanished".into()))?;
         Ok(Configured { settings, change })
+    }
+
+    /// Writes back a room's settings that Redis lost (a flush, a failover to a replica that never had them), as a
+    /// node last read them; a field written meanwhile (an operator's change) is kept. The queue's places and
+    /// counters are not restored: they are gone with the data.
+    pub async fn restore(&self, event: i64, settings: &Settings) -> Result<(), StoreError> {
+        let settings_key = self.keys(event).key("settings");
+        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (field, value) in settings.fields() {
+            pipe.hset_nx(&settings_key, field, value).ignore();
+        }
+        pipe.sadd(rooms_key(&self.prefix), event).ignore();
+        self.run(pipe.query_async(&mut conn)).await
     }
 
     /// Records whether every seat left is held (`all_held` in the room's settings): the admission step admits

@@ -169,7 +169,19 @@ impl Ticker {
 
     async fn tick(&self) -> Result<(), StoreError> {
         let store = self.store.get()?;
-        let events = store.rooms().await?;
+        let mut events = store.rooms().await?;
+        // A room this node knows that Redis no longer lists lost its data: its settings come back from this
+        // node's view (every node may do it; the writes only fill what is missing), so the room takes fans again.
+        for event in self.rooms.events() {
+            if !events.contains(&event)
+                && let Some(room) = self.rooms.get(event)
+            {
+                store.restore(event, &room.live.settings).await?;
+                tracing::warn!(event, "the room was gone from Redis; its settings were restored from this node's view");
+                crate::metrics::record_room_restored();
+                events.push(event);
+            }
+        }
         for &event in &events {
             self.tick_event(store, event).await?;
         }

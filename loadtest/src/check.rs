@@ -18,12 +18,17 @@ pub struct Target<'a> {
     pub event: i64,
     /// The run's output directory (`orders.jsonl`, `summary.json`).
     pub out: &'a Path,
+    /// A run with faults injected: see `loadtest check --help`.
+    pub chaos: bool,
 }
 
 /// One check's verdict.
 struct Verdict {
     name: &'static str,
     problems: Vec<String>,
+    /// Each problem is something lost or broken for good (a sale, an order, a payment, a change), not only a
+    /// rule broken along the way.
+    lost: bool,
 }
 
 /// Runs every check, prints each verdict, and fails if any found a problem.
@@ -34,15 +39,21 @@ pub async fn run(target: &Target<'_>) -> anyhow::Result<()> {
         &std::fs::read_to_string(target.out.join("summary.json")).context("reading summary.json")?,
     )
     .context("parsing summary.json")?;
-    let verdicts = vec![
+    let mut verdicts = vec![
         one_active_order_per_seat(&pool, target.event).await?,
         confirmed_orders_exist(&pool, target.event, &confirmed).await?,
         paid_orders_paid_once(&pool, target.event, &confirmed).await?,
         totals_match_allocation_prices(&pool, target.event).await?,
         no_held_back_seat_sold(&pool, target.event).await?,
-        no_server_errors(&summary),
-        admissions_within_bounds(target).await?,
     ];
+    if target.chaos {
+        verdicts.push(only_unavailable_with_retry_after(&summary));
+        verdicts.push(every_change_on_the_stream_once(target, &pool).await?);
+    } else {
+        verdicts.push(no_server_errors(&summary));
+        verdicts.push(admissions_within_bounds(target).await?);
+    }
+    write_record(target.out, &summary, &verdicts)?;
     let mut failed = 0;
     for v in &verdicts {
         if v.problems.is_empty() {
@@ -79,7 +90,7 @@ async fn one_active_order_per_seat(pool: &PgPool, event: i64) -> anyhow::Result<
     .fetch_all(pool)
     .await?;
     let problems = rows.iter().map(|(seat, n)| format!("seat {seat} is in {n} active orders")).collect();
-    Ok(Verdict { name: "at most one active order per (event, seat)", problems })
+    Ok(Verdict { name: "at most one active order per (event, seat)", problems, lost: true })
 }
 
 async fn confirmed_orders_exist(pool: &PgPool, event: i64, confirmed: &[Confirmed]) -> anyhow::Result<Verdict> {
@@ -109,7 +120,7 @@ async fn confirmed_orders_exist(pool: &PgPool, event: i64, confirmed: &[Confirme
             }
         }
     }
-    Ok(Verdict { name: "every order a fan saw confirmed exists, with its seats and total", problems })
+    Ok(Verdict { name: "every order a fan saw confirmed exists, with its seats and total", problems, lost: true })
 }
 
 /// Every order a fan was told is paid is paid (its seats sold, for good), and no order of the event was paid
@@ -137,7 +148,7 @@ async fn paid_orders_paid_once(pool: &PgPool, event: i64, confirmed: &[Confirmed
             other => problems.push(format!("order {} was confirmed paid; the database has {other:?}", c.order_id)),
         }
     }
-    Ok(Verdict { name: "every order a fan was told is paid is paid, once, with its seats", problems })
+    Ok(Verdict { name: "every order a fan was told is paid is paid, once, with its seats", problems, lost: true })
 }
 
 async fn totals_match_allocation_prices(pool: &PgPool, event: i64) -> anyhow::Result<Verdict> {
@@ -167,7 +178,7 @@ async fn totals_match_allocation_prices(pool: &PgPool, event: i64) -> anyhow::Re
             .iter()
             .map(|(id, seat, paid, price)| format!("order {id} seat {seat}: sold at {paid}, allocation price {price}")),
     );
-    Ok(Verdict { name: "order totals equal the allocation prices of their seats", problems })
+    Ok(Verdict { name: "order totals equal the allocation prices of their seats", problems, lost: false })
 }
 
 async fn no_held_back_seat_sold(pool: &PgPool, event: i64) -> anyhow::Result<Verdict> {
@@ -180,7 +191,7 @@ async fn no_held_back_seat_sold(pool: &PgPool, event: i64) -> anyhow::Result<Ver
     .fetch_all(pool)
     .await?;
     let problems = rows.iter().map(|(id, seat)| format!("order {id} sold held-back seat {seat}")).collect();
-    Ok(Verdict { name: "no held-back (unallocated) seat sold", problems })
+    Ok(Verdict { name: "no held-back (unallocated) seat sold", problems, lost: false })
 }
 
 fn no_server_errors(summary: &Summary) -> Verdict {
@@ -194,7 +205,97 @@ fn no_server_errors(summary: &Summary) -> Verdict {
             .map(|(k, n)| format!("{n} x {k}"))
             .collect()
     };
-    Verdict { name: "zero 5xx answers in the run", problems }
+    Verdict { name: "zero 5xx answers in the run", problems, lost: false }
+}
+
+/// A 5xx that is not a 503, or a 503 without `Retry-After`.
+fn is_server_error(key: &str) -> bool {
+    key.ends_with(" 503") && key.contains(crate::fan::NO_RETRY_AFTER)
+        || key.rsplit(' ').next().is_some_and(|s| s.starts_with('5') && s != "503")
+}
+
+/// While a dependency is down, answers are 503 with `Retry-After`, never another 5xx.
+fn only_unavailable_with_retry_after(summary: &Summary) -> Verdict {
+    let problems =
+        summary.statuses.iter().filter(|(k, _)| is_server_error(k)).map(|(k, n)| format!("{n} x {k}")).collect();
+    Verdict { name: "no 5xx but 503, and every 503 with Retry-After", problems, lost: false }
+}
+
+/// The order stream holds every change of the event's orders, each once by id (after the relay caught up).
+async fn every_change_on_the_stream_once(target: &Target<'_>, pool: &PgPool) -> anyhow::Result<Verdict> {
+    let name = "the order stream has every change of the event, once by id";
+    let backlog = "SELECT count(*) FROM order_events e
+                   WHERE (e.txid, e.id) > ((SELECT c.txid FROM outbox_cursor c), (SELECT c.id FROM outbox_cursor c))";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let left: i64 = sqlx::query_scalar(backlog).fetch_one(pool).await?;
+        if left == 0 {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            return Ok(Verdict {
+                name,
+                problems: vec![format!("{left} changes still unpublished after 20 s")],
+                lost: true,
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let (written, since): (Vec<i64>, Option<i64>) = {
+        let rows: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT id, (extract(epoch FROM created_at) * 1000)::bigint FROM order_events WHERE event_id = $1 ORDER BY id",
+        )
+        .bind(target.event)
+        .fetch_all(pool)
+        .await?;
+        let since = rows.iter().map(|(_, at)| *at).min();
+        (rows.into_iter().map(|(id, _)| id).collect(), since)
+    };
+    let Some(since) = since else { return Ok(Verdict { name, problems: Vec::new(), lost: true }) };
+    let client = redis::Client::open(target.redis_url).context("REDIS_URL")?;
+    let mut conn = client.get_multiplexed_async_connection().await.context("connecting to Redis")?;
+    // Entry ids start with the publishing time in ms: from a second before the event's first change.
+    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(format!("{}outbox:orders", target.redis_key_prefix))
+        .arg((since - 1000).max(0))
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .context("reading the order stream")?;
+    let field =
+        |fields: &[String], name: &str| fields.chunks(2).find(|kv| kv[0] == name).and_then(|kv| kv.get(1).cloned());
+    let mut seen: HashMap<i64, u32> = HashMap::new();
+    for (_, fields) in &entries {
+        if field(fields, "event_id").and_then(|e| e.parse::<i64>().ok()) == Some(target.event)
+            && let Some(id) = field(fields, "id").and_then(|i| i.parse::<i64>().ok())
+        {
+            *seen.entry(id).or_default() += 1;
+        }
+    }
+    let mut problems: Vec<String> = written
+        .iter()
+        .filter(|id| !seen.contains_key(id))
+        .map(|id| format!("change {id} is not on the stream"))
+        .collect();
+    problems
+        .extend(seen.iter().filter(|(_, n)| **n > 1).map(|(id, n)| format!("change {id} is on the stream {n} times")));
+    let unknown = seen.keys().filter(|id| !written.contains(id)).count();
+    if unknown > 0 {
+        problems.push(format!("{unknown} entries name changes this event never had"));
+    }
+    Ok(Verdict { name, problems, lost: true })
+}
+
+/// `check.json`: the run's 5xx and 503 counts and how many items were lost, for `deploy/chaos`'s table.
+fn write_record(out: &Path, summary: &Summary, verdicts: &[Verdict]) -> anyhow::Result<()> {
+    let server_errors: u64 = summary.statuses.iter().filter(|(k, _)| is_server_error(k)).map(|(_, n)| n).sum();
+    let unavailable: u64 =
+        summary.statuses.iter().filter(|(k, _)| k.ends_with(" 503") && !is_server_error(k)).map(|(_, n)| n).sum();
+    let lost: usize = verdicts.iter().filter(|v| v.lost).map(|v| v.problems.len()).sum();
+    let failed: Vec<&str> = verdicts.iter().filter(|v| !v.problems.is_empty()).map(|v| v.name).collect();
+    let record =
+        serde_json::json!({"server_errors": server_errors, "unavailable": unavailable, "lost": lost, "failed": failed});
+    std::fs::write(out.join("check.json"), record.to_string()).context("writing check.json")
 }
 
 /// Every admission step recorded: the admitted count never exceeds rate x elapsed + one burst, and never more
@@ -211,7 +312,11 @@ async fn admissions_within_bounds(target: &Target<'_>) -> anyhow::Result<Verdict
     let (Some(rate), Some(max_active), Some(session)) =
         (number("admit_per_minute"), number("max_active"), number("session_seconds"))
     else {
-        return Ok(Verdict { name: "admissions within the rate and max_active", problems: vec!["no room".into()] });
+        return Ok(Verdict {
+            name: "admissions within the rate and max_active",
+            problems: vec!["no room".into()],
+            lost: false,
+        });
     };
     let steps: Vec<(u64, u64)> = members
         .iter()
@@ -224,7 +329,7 @@ async fn admissions_within_bounds(target: &Target<'_>) -> anyhow::Result<Verdict
     // The gateway's burst: 500 ms of the rate, at least one fan.
     let burst = (rate * 500.0 / 60_000.0).max(1.0);
     let Some(&(t0, _)) = steps.first() else {
-        return Ok(Verdict { name: "admissions within the rate and max_active", problems });
+        return Ok(Verdict { name: "admissions within the rate and max_active", problems, lost: false });
     };
     let mut total = 0u64;
     for (i, &(at, admitted)) in steps.iter().enumerate() {
@@ -240,5 +345,5 @@ async fn admissions_within_bounds(target: &Target<'_>) -> anyhow::Result<Verdict
                 .push(format!("{window} admitted within one session window ending at step {i}, above {max_active}"));
         }
     }
-    Ok(Verdict { name: "admissions within the rate and max_active", problems })
+    Ok(Verdict { name: "admissions within the rate and max_active", problems, lost: false })
 }

@@ -64,21 +64,30 @@ async fn send(
     // The permit covers reading the body too: the connection is busy until then.
     let permit = run.connections.acquire().await;
     let mut goose = user.request(request).await?;
-    let (status, raw) = match goose.response {
+    let (status, raw, retry_after) = match goose.response {
         Ok(response) => {
             let status = response.status().as_u16();
-            (status, response.bytes().await.unwrap_or_default())
+            let retry_after = response.headers().contains_key("retry-after");
+            (status, response.bytes().await.unwrap_or_default(), retry_after)
         }
-        Err(_) => (0, bytes::Bytes::new()),
+        Err(_) => (0, bytes::Bytes::new(), false),
     };
     drop(permit);
-    run.stats.status(name, status);
+    if status == 503 && !retry_after {
+        // A refusal while a dependency is down must say when to come back.
+        run.stats.status(&format!("{name} {NO_RETRY_AFTER}"), status);
+    } else {
+        run.stats.status(name, status);
+    }
     if expected.contains(&status) {
         user.set_success(&mut goose.request)?;
     }
     let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     Ok(Answer { status, raw, body })
 }
+
+/// Marks, in a status's name, a 503 that came without `Retry-After`.
+pub const NO_RETRY_AFTER: &str = "(no Retry-After)";
 
 fn think(run: &Run) -> Duration {
     let (low, high) = run.settings.think_ms;

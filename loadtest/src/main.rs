@@ -139,6 +139,10 @@ struct CheckArgs {
     /// The event of the run.
     #[arg(long)]
     event: i64,
+    /// A run with faults injected (`deploy/chaos`): 503 with `Retry-After` is allowed, the admission bounds are
+    /// not checked (a flushed Redis forgets its steps), and the order stream must hold every change of the event.
+    #[arg(long)]
+    chaos: bool,
     /// The run's output directory.
     #[arg(long, default_value = "target/onsale")]
     out: PathBuf,
@@ -188,6 +192,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 redis_key_prefix: &args.redis_key_prefix,
                 event: args.event,
                 out: &args.out,
+                chaos: args.chaos,
             })
             .await
         }

@@ -90,6 +90,20 @@ impl Settings {
         all_held: false,
     };
 
+    /// The Redis hash's fields, as [`Self::from_hash`] reads them.
+    pub fn fields(&self) -> [(&'static str, String); 8] {
+        [
+            ("state", self.state.as_str().to_owned()),
+            ("admit_per_minute", self.admit_per_minute.to_string()),
+            ("max_active", self.max_active.to_string()),
+            ("session_seconds", self.session_seconds.to_string()),
+            ("abandon_after_seconds", self.abandon_after_seconds.to_string()),
+            ("opens_at", self.opens_at_ms.unwrap_or(0).to_string()),
+            ("version", self.version.to_string()),
+            ("all_held", u8::from(self.all_held).to_string()),
+        ]
+    }
+
     /// Reads the Redis hash; `None` when the room is not configured or the hash is damaged.
     pub fn from_hash(hash: &HashMap<String, String>) -> Option<Settings> {
         let num = |name: &str| hash.get(name).and_then(|v| v.parse::<u64>().ok());

@@ -654,3 +654,29 @@ async fn while_every_seat_left_is_held_nobody_is_admitted_and_waiting_fans_are_t
     assert_eq!((s.body["state"].as_str(), s.body.get("all_held")), (Some("admitted"), None), "{}", s.text);
     upstream.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_redis_lost_is_restored_from_the_nodes_view_and_takes_fans_again() {
+    let upstream = Upstream::start().await;
+    let prefix = prefix();
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix)).await;
+    let event = 230;
+    gw.configure(event, serde_json::json!({"state": "open", "admit_per_minute": 120, "max_active": 77})).await;
+    gw.wait_for_room(event).await;
+    assert_eq!(gw.join(event, "fan-before").await.status, 200);
+    // Everything under the gateway's prefix gone, as FLUSHALL would leave it.
+    let mut conn = redis().await;
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.expect("KEYS");
+    let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await.expect("DEL");
+    let back =
+        testkit::eventually(Duration::from_secs(5), async || gw.join(event, "fan-after").await.status == 200).await;
+    assert!(back, "the room takes fans again");
+    let room = gw.room(event).await;
+    assert_eq!(
+        (room.body["state"].as_str(), room.body["max_active"].as_u64()),
+        (Some("open"), Some(77)),
+        "{}",
+        room.text
+    );
+    upstream.stop().await;
+}
