@@ -347,3 +347,18 @@ async fn admissions_within_bounds(target: &Target<'_>) -> anyhow::Result<Verdict
     }
     Ok(Verdict { name: "admissions within the rate and max_active", problems, lost: false })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_503_with_retry_after_is_not_a_server_error() {
+        assert!(!is_server_error("hold 503"));
+        assert!(is_server_error(&format!("hold {} 503", crate::fan::NO_RETRY_AFTER)));
+        assert!(is_server_error("hold 500"));
+        assert!(is_server_error("join 502"));
+        assert!(!is_server_error("hold 409"));
+        assert!(!is_server_error("status 200"));
+    }
+}

@@ -22,6 +22,9 @@ fn opens_at(raw: &str) -> anyhow::Result<u64> {
     }
 }
 
+/// Tries of one request while the gateway answers 503.
+const ATTEMPTS: u32 = 3;
+
 async fn execute(args: AdminArgs) -> anyhow::Result<()> {
     let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build()?;
     let base = args.url.trim_end_matches('/');
@@ -57,7 +60,22 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
             (*event, client.put(format!("{base}/admin/events/{event}")).json(&patch))
         }
     };
-    let response = request.bearer_auth(token).send().await.with_context(|| format!("reaching {base}"))?;
+    let request = request.bearer_auth(token);
+    // A 503 says the queue's store did not answer (a Redis restarting, a connection being made again): the same
+    // request again after its Retry-After, a few times. Reading and setting settings are both safe to repeat.
+    let mut attempt = 1;
+    let response = loop {
+        let again = request.try_clone().context("a request that can be sent again")?;
+        let response = again.send().await.with_context(|| format!("reaching {base}"))?;
+        if response.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE || attempt == ATTEMPTS {
+            break response;
+        }
+        let wait = response.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let wait = std::time::Duration::from_secs(wait.unwrap_or(1).clamp(1, 5));
+        eprintln!("the gateway's store did not answer (503); trying again in {} s", wait.as_secs());
+        tokio::time::sleep(wait).await;
+        attempt += 1;
+    };
     let status = response.status();
     let body: Value = response.json().await.unwrap_or_else(|_| json!({ "error": "non-JSON answer" }));
     if !status.is_success() {
