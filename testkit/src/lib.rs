@@ -61,3 +61,31 @@ pub fn draw<S: proptest::strategy::Strategy>(strategy: S, n: usize) -> Vec<S::Va
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     (0..n).filter_map(|_| strategy.new_tree(&mut runner).ok().map(|tree| tree.current())).collect()
 }
+
+/// A waiting room's settings as an operator's client may send them: the real field names and one unknown, each
+/// with a number in or out of range, a state (valid or not), text, null or an array.
+pub fn settings_bodies() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+    let value = prop_oneof![
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<u64>().prop_map(|n| json!(n)),
+        (0u64..100_000).prop_map(|n| json!(n)),
+        any::<f64>().prop_map(|f| json!(f)),
+        prop_oneof![Just("open"), Just("paused"), Just("closed"), Just("sold_out"), Just("")].prop_map(|s| json!(s)),
+        "[ -~]{0,10}".prop_map(|s| json!(s)),
+        Just(Value::Null),
+        Just(json!([1, 2])),
+    ];
+    let name = prop_oneof![
+        Just("state"),
+        Just("admit_per_minute"),
+        Just("max_active"),
+        Just("session_seconds"),
+        Just("abandon_after_seconds"),
+        Just("opens_at"),
+        Just("nonsense"),
+    ];
+    prop::collection::vec((name, value), 0..6)
+        .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()))
+}

@@ -105,40 +105,12 @@ fn settings_read_from_redis_need_every_field() {
 
 mod properties {
     use proptest::prelude::*;
-    use serde_json::{Value, json};
 
     use super::*;
 
-    /// A JSON value of the kinds a client may put in a settings field.
-    fn field_value() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            any::<i64>().prop_map(|n| json!(n)),
-            any::<u64>().prop_map(|n| json!(n)),
-            (0u64..100_000).prop_map(|n| json!(n)),
-            any::<f64>().prop_map(|f| json!(f)),
-            "[a-z_]{0,12}".prop_map(|s| json!(s)),
-            Just(Value::Null),
-            Just(json!([1, 2])),
-        ]
-    }
-
-    fn patch_body() -> impl Strategy<Value = Value> {
-        let names = prop_oneof![
-            Just("state"),
-            Just("admit_per_minute"),
-            Just("max_active"),
-            Just("session_seconds"),
-            Just("abandon_after_seconds"),
-            Just("opens_at"),
-            Just("other"),
-        ];
-        prop::collection::vec((names, field_value()), 0..6)
-            .prop_map(|fields| Value::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()))
-    }
-
     proptest! {
         #[test]
-        fn any_settings_body_is_read_and_checked_without_panicking(body in patch_body()) {
+        fn any_settings_body_is_read_and_checked_without_panicking(body in testkit::settings_bodies()) {
             let Ok(patch) = serde_json::from_value::<SettingsPatch>(body.clone()) else { return Ok(()) };
             match patch.validate() {
                 Ok(()) => {
