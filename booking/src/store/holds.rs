@@ -600,6 +600,10 @@ impl Holds {
 
     /// The Redis view of every listed seat (available, held or sold), read in one round trip.
     pub async fn seat_states(&self, event: EventId, seats: &[SeatId]) -> Result<Vec<SeatStatus>, StoreError> {
+        if seats.is_empty() {
+            // An empty pipeline is no command at all: Redis is not asked.
+            return Ok(Vec::new());
+        }
         let mut pipe = redis::pipe();
         for chunk in seats.chunks(1000) {
             let keys: Vec<String> = chunk.iter().map(|&s| self.keys.seat(event, s)).collect();

@@ -29,6 +29,11 @@ impl StoreError {
             StoreError::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
             StoreError::RedisTimeout(_) => true,
             StoreError::Unexpected(_) => false,
+            StoreError::Postgres(sqlx::Error::Database(e)) => {
+                // Class 08, the connection failed; class 57, an operator or a restart ended it (57P01 when an
+                // administrator terminates the backend, 57P02/57P03 while the server shuts down or starts).
+                e.code().is_some_and(|code| code.starts_with("08") || code.starts_with("57"))
+            }
             StoreError::Postgres(e) => matches!(
                 e,
                 sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_)

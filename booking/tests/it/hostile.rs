@@ -273,3 +273,41 @@ async fn generated_bodies_and_headers_never_get_a_server_error(pool: PgPool) {
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_checkout_whose_connection_an_operator_terminates_is_a_503_and_its_retry_sells(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[7];
+    let hold = app.hold("fan-a", &[seat]).await.str("hold_token");
+    // Orders locked against inserts: the checkout waits inside Postgres, where it is terminated (57P01), as the
+    // chaos drill's pg_terminate_backend did mid-checkout.
+    let mut lock = app.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE orders IN EXCLUSIVE MODE").execute(&mut *lock).await.expect("lock");
+    let checkout = tokio::spawn({
+        let app_client = app.client.clone();
+        let url = app.url(&format!("/events/{}/orders", app.event));
+        let proof = app.proof("fan-a");
+        let body = serde_json::json!({ "hold_token": hold });
+        async move {
+            let res = app_client.post(url).bearer_auth(proof).header("Idempotency-Key", "k-1").json(&body).send().await;
+            let res = res.expect("answered");
+            let retry_after = res.headers().get("retry-after").is_some();
+            (res.status().as_u16(), retry_after, res.json::<serde_json::Value>().await.expect("json"))
+        }
+    });
+    let waiting = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()";
+    let terminated = crate::app::eventually(Duration::from_secs(10), async || {
+        sqlx::query_scalar::<_, i64>(waiting).fetch_one(&app.pool).await.expect("terminate") > 0
+    })
+    .await;
+    assert!(terminated, "the checkout never waited on the lock");
+    let (status, retry_after, body) = checkout.await.expect("join");
+    assert_eq!((status, body["error"].as_str(), retry_after), (503, Some("database_unavailable"), true), "{body}");
+    lock.rollback().await.expect("rollback");
+    // Nothing was half-written: the same request again sells the seat, once.
+    let again = app.checkout("fan-a", &hold, "k-1").await;
+    assert_eq!(again.status, 201, "{}", again.body);
+    assert_eq!(app.active_orders_for_seat(seat).await, 1);
+    app.stop().await;
+}
