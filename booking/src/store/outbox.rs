@@ -104,8 +104,9 @@ pub async fn relay_batch(
 /// Puts the cursor where the stream's last entry says it is, when the two disagree: Redis lost entries (a flush,
 /// a restart that lost the last second of its append-only file, a failover to a replica that lagged), and the
 /// rows after the last one it has are published again; or a relay died after its `XADD` and before its commit,
-/// and the rows the stream has already are not published twice. With no stream at all, everything is published
-/// again. Consumers dedupe on `id` either way. Runs under the cursor's lock.
+/// and the rows the stream has already are not published twice. With no stream at all, the latest rows are
+/// published again, as many as the stream keeps. Consumers dedupe on `id` either way. Runs under the cursor's
+/// lock.
 async fn match_stream(
     tx: &mut sqlx::PgConnection,
     conn: &mut ConnectionManager,
@@ -131,7 +132,23 @@ async fn match_stream(
         Some(None) => 0,
         None if cursor == 0 => return Ok(()),
         None => {
-            sqlx::query("UPDATE outbox_cursor SET (txid, id) = ('0'::xid8, 0)").execute(&mut *tx).await?.rows_affected()
+            // The stream keeps at most `max_len` entries anyway: only that many of the latest rows again.
+            let from: Option<(String, i64)> = match stream.max_len {
+                0 => None,
+                keep => sqlx::query_as(
+                    "SELECT e.txid::text, e.id FROM order_events e ORDER BY e.txid DESC, e.id DESC OFFSET $1 LIMIT 1",
+                )
+                .bind(i64::try_from(keep).unwrap_or(i64::MAX))
+                .fetch_optional(&mut *tx)
+                .await?,
+            };
+            let (txid, id) = from.unwrap_or_else(|| ("0".to_owned(), 0));
+            sqlx::query("UPDATE outbox_cursor SET (txid, id) = ($1::xid8, $2)")
+                .bind(txid)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
         }
     };
     if moved > 0 {

@@ -129,6 +129,14 @@ async fn a_stream_that_redis_lost_whole_or_in_part_is_published_again(pool: PgPo
     let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut app.redis).await.expect("DEL");
     assert!(eventually(Duration::from_secs(20), async || stream_ids(&mut app).await == written).await, "all again");
     relaying.kill().await.expect("kill");
+
+    // A stream that keeps only the latest 3 entries gets only those 3 again.
+    let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut app.redis).await.expect("DEL");
+    let mut short = relay(&app, &["--outbox-stream-max-len", "3"]);
+    let latest = written[written.len() - 3..].to_vec();
+    let again = eventually(Duration::from_secs(20), async || stream_ids(&mut app).await == latest).await;
+    assert!(again, "the latest 3 of {written:?}: {:?}", stream_ids(&mut app).await);
+    short.kill().await.expect("kill");
     app.stop().await;
 }
 
