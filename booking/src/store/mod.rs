@@ -22,6 +22,13 @@ pub enum StoreError {
     Postgres(#[from] sqlx::Error),
 }
 
+/// A Redis connection that reconnects by itself. After Redis goes away it tries again at least every 200 ms (the
+/// client's default backoff doubles up to seconds), so service is back within moments of Redis.
+pub async fn redis_connection(client: &redis::Client) -> redis::RedisResult<redis::aio::ConnectionManager> {
+    let config = redis::aio::ConnectionManagerConfig::new().set_max_delay(std::time::Duration::from_millis(200));
+    client.get_connection_manager_with_config(config).await
+}
+
 impl StoreError {
     /// True when the store is down or overloaded (the client may retry), rather than a bug of ours.
     pub fn is_unavailable(&self) -> bool {
