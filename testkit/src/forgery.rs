@@ -38,10 +38,6 @@ pub struct Kind {
     pub event: Option<i64>,
 }
 
-fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
 /// `header.payload.signature`, signed with HMAC-SHA256 under `secret` whatever the header claims; the payload
 /// is taken as the exact text given (so it may repeat a field).
 pub fn jwt_raw(header: &Value, payload: &str, secret: &[u8]) -> String {
@@ -59,7 +55,7 @@ pub fn jwt(header: &Value, claims: &Value, secret: &[u8]) -> String {
 impl Kind {
     /// Claims the service accepts, for `account`.
     pub fn claims(&self, account: &str) -> Value {
-        let t = now();
+        let t = tokens::unix_now();
         let mut claims = json!({"sub": account, "aud": self.audience, "iss": self.issuer, "iat": t, "exp": t + 600});
         if let Some(event) = self.event {
             claims["evt"] = json!(event);
@@ -82,7 +78,7 @@ impl Kind {
         use Refused::{Expired, Invalid, WrongEvent};
         let secret = self.secret.as_bytes();
         let good = self.claims(account);
-        let t = now();
+        let t = tokens::unix_now();
         let with = |field: &str, value: Value| {
             let mut c = good.clone();
             c[field] = value;
