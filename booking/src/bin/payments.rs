@@ -32,6 +32,10 @@ struct Args {
     /// Deliveries of one event at most, with doubling pauses from 100 ms, while booking answers 5xx or nothing.
     #[arg(long, env = "PROVIDER_DELIVERY_ATTEMPTS", default_value_t = 5)]
     delivery_attempts: u32,
+    /// Settle every new payment as succeeded this many milliseconds after it is created, as a test card that
+    /// always pays would (for tools that drive booking's API with nobody to press Pay). Off unless given.
+    #[arg(long, env = "PROVIDER_AUTO_SETTLE_MS")]
+    auto_settle_ms: Option<u64>,
 }
 
 fn secret(raw: &str) -> Result<SecretString, String> {
@@ -50,10 +54,11 @@ async fn main() -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "fake payment provider listening");
-    let app = booking::provider::router(
+    let app = booking::provider::router_settling(
         args.webhook_secret.expose_secret().as_bytes(),
         &args.webhook_url,
         args.delivery_attempts,
+        args.auto_settle_ms.map(std::time::Duration::from_millis),
     );
     serving::serve(listener, app, serving::Deadlines::default(), booking::shutdown_signal()).await?;
     Ok(())

@@ -46,7 +46,11 @@ pub struct EventView {
     pub seats_on_sale: usize,
 }
 
+/// A seat as the map lists it. The document calls it `Seat`: the resource a hold's `seat_ids` name, so that
+/// tools which follow resources from one operation to the next (schemathesis's stateful phase) see the map as
+/// where seats come from.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Seat)]
 pub struct SeatView {
     pub seat_id: i64,
     /// e.g. "Block 101 Row C Seat 12".

@@ -83,11 +83,18 @@ struct Provider {
     webhook_url: Arc<str>,
     http: reqwest::Client,
     attempts: u32,
+    auto_settle: Option<Duration>,
 }
 
 /// The provider's routes. `secret` authenticates booking and signs webhooks, which go to `webhook_url` only;
 /// `attempts` bounds deliveries of one event.
 pub fn router(secret: &[u8], webhook_url: &str, attempts: u32) -> Router {
+    router_settling(secret, webhook_url, attempts, None)
+}
+
+/// [`router`], and with `auto_settle` every new payment succeeds that long after it is created, as with a test
+/// card that always pays: for tools that drive booking's API alone, with nobody to press Pay.
+pub fn router_settling(secret: &[u8], webhook_url: &str, attempts: u32, auto_settle: Option<Duration>) -> Router {
     let provider = Provider {
         payments: Arc::default(),
         events: Arc::default(),
@@ -95,6 +102,7 @@ pub fn router(secret: &[u8], webhook_url: &str, attempts: u32) -> Router {
         webhook_url: webhook_url.into(),
         http: reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap_or_default(),
         attempts: attempts.max(1),
+        auto_settle,
     };
     Router::new()
         .route("/v1/payments", post(create))
@@ -138,6 +146,13 @@ async fn create(State(p): State<Provider>, headers: HeaderMap, Json(new): Json<N
         webhook_url: new.webhook_url,
     };
     payments.insert(payment.payment_id.clone(), payment.clone());
+    if let Some(after) = p.auto_settle {
+        let (p, id) = (p.clone(), payment.payment_id.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            settle(&p, &id, "succeeded").await;
+        });
+    }
     (StatusCode::CREATED, Json(payment)).into_response()
 }
 
@@ -182,17 +197,22 @@ async fn complete(State(p): State<Provider>, Path(id): Path<String>, Json(c): Js
     if c.outcome != "succeeded" && c.outcome != "failed" {
         return refuse(StatusCode::UNPROCESSABLE_ENTITY, "invalid_outcome", "outcome is `succeeded` or `failed`");
     }
+    settle(&p, &id, &c.outcome).await
+}
+
+/// Settles the payment with `outcome` and delivers its signed event.
+async fn settle(p: &Provider, id: &str, outcome: &str) -> Response {
     let payment = {
         let mut payments = p.payments.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(pay) = payments.get_mut(&id) else {
+        let Some(pay) = payments.get_mut(id) else {
             return refuse(StatusCode::NOT_FOUND, "unknown_payment", "no such payment");
         };
-        pay.status = c.outcome.clone();
+        pay.status = outcome.to_owned();
         pay.clone()
     };
     let event = WebhookEvent {
         id: format!("evt_{}", Uuid::new_v4().simple()),
-        kind: format!("payment.{}", c.outcome),
+        kind: format!("payment.{outcome}"),
         created: unix_now(),
         data: WebhookData {
             payment_id: payment.payment_id.clone(),
@@ -201,8 +221,8 @@ async fn complete(State(p): State<Provider>, Path(id): Path<String>, Json(c): Js
             currency: payment.currency.clone(),
         },
     };
-    p.events.lock().unwrap_or_else(|e| e.into_inner()).insert(id, event.clone());
-    deliver(&p, &payment.webhook_url, &event).await
+    p.events.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_owned(), event.clone());
+    deliver(p, &payment.webhook_url, &event).await
 }
 
 /// Sends the payment's last event again, with the same id.

@@ -518,3 +518,30 @@ async fn the_provider_opens_payments_only_for_booking_and_calls_back_only_bookin
     assert_eq!(started.status, 201, "{}", started.body);
     app.stop().await;
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_provider_that_settles_by_itself_pays_the_order_with_nobody_pressing_pay(pool: PgPool) {
+    // The provider is bound first, so booking can be told where it is; it learns booking's webhook URL after.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let provider = format!("http://{}", listener.local_addr().expect("addr"));
+    let app = TestApp::spawn_with(pool, &["--payment-provider-url", &provider]).await;
+    let settling = booking::provider::router_settling(
+        crate::app::WEBHOOK_SECRET.as_bytes(),
+        &app.url("/webhooks/payments"),
+        3,
+        Some(std::time::Duration::from_millis(100)),
+    );
+    let server = tokio::spawn(async move { axum::serve(listener, settling).await });
+    let seat = app.seats_on_sale().await[7];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    let started = app.start_payment("fan-a", &order).await;
+    assert_eq!(started.status, 201, "{}", started.body);
+    let paid =
+        testkit::eventually(Duration::from_secs(5), async || app.order("fan-a", &order).await.str("status") == "paid");
+    assert!(paid.await, "the order is paid without anybody completing the payment");
+    let seen = app.order("fan-a", &order).await;
+    assert_eq!(seen.str("payment_id"), started.str("payment_id"));
+    assert_eq!(app.order_events(&order).await, ["order.reserved", "order.paid"]);
+    server.abort();
+    app.stop().await;
+}
