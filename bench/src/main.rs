@@ -705,7 +705,7 @@ async fn prepare_holds(
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
     let prefix = &format!("bench-{tag}:");
-    let conn = redis::Client::open(args.redis_url.expose_secret())?.get_connection_manager().await?;
+    let conn = booking::store::redis_connection(args.redis_url.expose_secret()).await?;
     let times = HoldTimes {
         ttl: Duration::from_secs(600),
         max_total: Duration::from_secs(1200),

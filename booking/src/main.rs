@@ -78,8 +78,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Openapi => println!("{}", http::openapi::document()),
         Command::Relay(args) => {
             let pool = PgPool::connect(args.db.database_url.expose_secret()).await.context("connecting to Postgres")?;
-            let client = redis::Client::open(args.redis.redis_url.expose_secret()).context("REDIS_URL")?;
-            let conn = booking::store::redis_connection(&client).await.context("connecting to Redis")?;
+            let conn = booking::store::redis_connection(args.redis.redis_url.expose_secret())
+                .await
+                .context("connecting to Redis (REDIS_URL)")?;
             let keys = booking::store::holds::Keys::new(&args.redis.redis_key_prefix)?;
             let every = std::time::Duration::from_millis(args.outbox.outbox_relay_interval_ms.max(1));
             let relay = booking::workers::Relay {

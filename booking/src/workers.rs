@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redisconn::Conn;
 use sqlx::PgPool;
 
 use crate::domain::order::{Command, Status};
@@ -191,7 +191,7 @@ pub struct Relay {
 }
 
 /// Publishes unpublished order events every `every` (at once again while batches come back full), forever.
-pub async fn relay(pool: PgPool, mut conn: ConnectionManager, relay: Relay) {
+pub async fn relay(pool: PgPool, mut conn: Conn, relay: Relay) {
     let mut published_total = 0usize;
     let mut tick = tokio::time::interval(relay.every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

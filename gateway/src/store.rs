@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script, Value};
+use redisconn::{Conn, Options, Target};
 
 use crate::room::{Batch, Counts, QueueState, Settings, SettingsPatch};
 
@@ -101,7 +101,7 @@ fn log_entries(raw: RawEntries) -> Result<Vec<LogEntry>, StoreError> {
 /// A connection of its own for blocking reads of one event's change log (a blocked read would hold up every
 /// other call on a shared connection).
 pub struct LogReader {
-    conn: redis::aio::MultiplexedConnection,
+    conn: Conn,
     keys: SeatMapKeys,
     timeout: Duration,
 }
@@ -228,7 +228,7 @@ pub struct Draw {
 
 /// A connection made on first use, inside the runtime of the caller.
 pub struct LazyStore {
-    client: redis::Client,
+    target: Target,
     prefix: String,
     timeout: Duration,
     scripts: Arc<Scripts>,
@@ -239,7 +239,7 @@ impl LazyStore {
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> anyhow::Result<Self> {
         anyhow::ensure!(!prefix.contains(['{', '}']), "the Redis key prefix must not contain braces");
         Ok(Self {
-            client: redis::Client::open(url)?,
+            target: Target::parse(url)?,
             prefix: prefix.to_owned(),
             timeout,
             scripts: Arc::new(Scripts::load()),
@@ -250,7 +250,7 @@ impl LazyStore {
     /// A copy for another runtime: same settings, its own connection.
     pub fn fork(&self) -> Self {
         Self {
-            client: self.client.clone(),
+            target: self.target.clone(),
             prefix: self.prefix.clone(),
             timeout: self.timeout,
             scripts: self.scripts.clone(),
@@ -260,10 +260,12 @@ impl LazyStore {
 
     /// A connection of its own for reading `event`'s change log as it grows; made inside the caller's runtime.
     pub async fn log_reader(&self, event: i64, block: Duration) -> Result<LogReader, StoreError> {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(block + self.timeout));
-        let fut = self.client.get_multiplexed_async_connection_with_config(&config);
+        let options = Options {
+            connection_timeout: self.timeout,
+            response_timeout: Some(block + self.timeout),
+            ..Default::default()
+        };
+        let fut = self.target.dedicated(options);
         let conn = match tokio::time::timeout(self.timeout, fut).await {
             Ok(conn) => conn?,
             Err(_) => return Err(StoreError::Timeout(self.timeout)),
@@ -276,12 +278,13 @@ impl LazyStore {
         if let Some(store) = self.store.get() {
             return Ok(store);
         }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        let conn = ConnectionManager::new_lazy_with_config(self.client.clone(), config)?;
+        let options = Options {
+            connection_timeout: self.timeout,
+            response_timeout: Some(self.timeout),
+            max_delay: Duration::from_millis(200),
+            retries: 1,
+        };
+        let conn = self.target.lazy(options)?;
         let store =
             QueueStore { conn, prefix: self.prefix.clone(), timeout: self.timeout, scripts: self.scripts.clone() };
         Ok(self.store.get_or_init(|| store))
@@ -290,7 +293,7 @@ impl LazyStore {
 
 /// Typed access to the waiting room's keys.
 pub struct QueueStore {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: String,
     timeout: Duration,
     scripts: Arc<Scripts>,
@@ -541,8 +544,8 @@ impl QueueStore {
             pipe.hset_multiple(&settings_key, &fields).ignore();
             pipe.hincr(&settings_key, "version", 1).ignore();
         }
-        pipe.sadd(rooms_key(&self.prefix), event).ignore();
         let () = self.run(pipe.query_async(&mut conn)).await?;
+        self.list_room(event).await?;
         let change = match patch.state {
             Some(state) => Some(self.set_state(event, state, seed, None).await?),
             None => None,
@@ -562,8 +565,17 @@ impl QueueStore {
         for (field, value) in settings.fields() {
             pipe.hset_nx(&settings_key, field, value).ignore();
         }
-        pipe.sadd(rooms_key(&self.prefix), event).ignore();
-        self.run(pipe.query_async(&mut conn)).await
+        let () = self.run(pipe.query_async(&mut conn)).await?;
+        self.list_room(event).await
+    }
+
+    /// Adds the event to the set of rooms, after its settings are written. The set has no hash tag (it spans
+    /// every event), so on a cluster it lives in another slot than the room and cannot share its transaction; a
+    /// room written but not yet listed is listed by the next `configure` or `restore`.
+    async fn list_room(&self, event: i64) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = self.run(conn.sadd(rooms_key(&self.prefix), event)).await?;
+        Ok(())
     }
 
     /// Records whether every seat left is held (`all_held` in the room's settings): the admission step admits

@@ -116,11 +116,13 @@ impl AppState {
         );
         anyhow::ensure!(cfg.max_seats_per_basket > 0, "MAX_SEATS_PER_BASKET must be at least 1");
         let keyring = Keyring::parse(cfg.admission_keys.expose_secret()).context("ADMISSION_KEYS")?;
-        let client = redis::Client::open(cfg.redis.redis_url.expose_secret()).context("REDIS_URL")?;
-        let conn = tokio::time::timeout(Duration::from_secs(5), crate::store::redis_connection(&client))
-            .await
-            .context("Redis did not answer within 5 s (is it running? `deploy/stack up` starts it)")?
-            .context("connecting to Redis")?;
+        let conn = tokio::time::timeout(
+            Duration::from_secs(5),
+            crate::store::redis_connection(cfg.redis.redis_url.expose_secret()),
+        )
+        .await
+        .context("Redis did not answer within 5 s (is it running? `deploy/stack up` starts it)")?
+        .context("connecting to Redis")?;
         let times =
             HoldTimes { ttl: cfg.hold_ttl(), max_total: cfg.hold_max(), record_retention: HOLD_RECORD_RETENTION };
         let keys = Keys::new(&cfg.redis.redis_key_prefix)?;

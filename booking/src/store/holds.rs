@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use redis::Script;
-use redis::aio::ConnectionManager;
+use redisconn::Conn;
 
 use super::StoreError;
 use crate::domain::{EventId, HoldToken, MapVersion, SeatId, SeatStatus, split_seats};
@@ -266,7 +266,7 @@ pub struct Lapsed {
 /// The Redis side of holds. Cheap to clone: the connection manager multiplexes one connection.
 #[derive(Clone)]
 pub struct Holds {
-    conn: ConnectionManager,
+    conn: Conn,
     keys: Keys,
     timeout: Duration,
     times: HoldTimes,
@@ -274,12 +274,12 @@ pub struct Holds {
 }
 
 impl Holds {
-    pub fn new(conn: ConnectionManager, keys: Keys, timeout: Duration, times: HoldTimes) -> Self {
+    pub fn new(conn: Conn, keys: Keys, timeout: Duration, times: HoldTimes) -> Self {
         Self { conn, keys, timeout, times, scripts: std::sync::Arc::new(Scripts::load()) }
     }
 
     /// The Redis connection (shared, multiplexed) and the key builder, for the outbox relay.
-    pub fn connection(&self) -> (ConnectionManager, &Keys) {
+    pub fn connection(&self) -> (Conn, &Keys) {
         (self.conn.clone(), &self.keys)
     }
 

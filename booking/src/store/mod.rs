@@ -22,11 +22,25 @@ pub enum StoreError {
     Postgres(#[from] sqlx::Error),
 }
 
-/// A Redis connection that reconnects by itself. After Redis goes away it tries again at least every 200 ms (the
-/// client's default backoff doubles up to seconds), so service is back within moments of Redis.
-pub async fn redis_connection(client: &redis::Client) -> redis::RedisResult<redis::aio::ConnectionManager> {
-    let config = redis::aio::ConnectionManagerConfig::new().set_max_delay(std::time::Duration::from_millis(200));
-    client.get_connection_manager_with_config(config).await
+/// A Redis connection (one server or a cluster, by the URL) that reconnects by itself. After Redis goes away it
+/// tries again at least every 200 ms (the client's default backoff doubles up to seconds), so service is back
+/// within moments of Redis. Connected before it is returned, so a wrong URL or a missing Redis fails the start;
+/// a cluster that does not answer at once (a node busy, a failover under way) is asked again for about 3 s.
+pub async fn redis_connection(url: &str) -> redis::RedisResult<redisconn::Conn> {
+    let options = redisconn::Options { max_delay: Duration::from_millis(200), ..Default::default() };
+    let conn = redisconn::Target::parse(url)?.lazy(options)?;
+    let mut attempts = 10;
+    loop {
+        match redis::cmd("PING").query_async::<String>(&mut conn.clone()).await {
+            Ok(_) => return Ok(conn),
+            Err(e) if attempts > 1 && (e.is_io_error() || e.is_connection_dropped() || e.is_timeout()) => {
+                attempts -= 1;
+                tracing::warn!(error = %e, "Redis is not answering yet; asking again");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 impl StoreError {

@@ -7,7 +7,7 @@
 //! taken with `FOR UPDATE SKIP LOCKED`, so several relays may run and take turns; entries are in (transaction,
 //! id) order, so an order's events reach the stream in the order they happened.
 
-use redis::aio::ConnectionManager;
+use redisconn::Conn;
 use sqlx::{PgPool, Row};
 
 use super::StoreError;
@@ -34,7 +34,7 @@ pub struct Stream {
 /// marked (the crash window the relay tests aim at). Returns how many rows were published.
 pub async fn relay_batch(
     pool: &PgPool,
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &Stream,
     batch: i64,
     published: impl FnOnce(usize),
@@ -107,11 +107,7 @@ pub async fn relay_batch(
 /// and the rows the stream has already are not published twice. With no stream at all, the latest rows are
 /// published again, as many as the stream keeps. Consumers dedupe on `id` either way. Runs under the cursor's
 /// lock.
-async fn match_stream(
-    tx: &mut sqlx::PgConnection,
-    conn: &mut ConnectionManager,
-    stream: &Stream,
-) -> Result<(), StoreError> {
+async fn match_stream(tx: &mut sqlx::PgConnection, conn: &mut Conn, stream: &Stream) -> Result<(), StoreError> {
     let cursor: i64 = sqlx::query_scalar("SELECT id FROM outbox_cursor").fetch_one(&mut *tx).await?;
     // [[entry id, [field, value, field, value, ...]]]: the `id` field of the last entry, if any.
     let last: Vec<(String, Vec<String>)> =

@@ -39,7 +39,7 @@ pub struct TestApp {
     pub base: String,
     pub client: reqwest::Client,
     pub pool: PgPool,
-    pub redis: redis::aio::MultiplexedConnection,
+    pub redis: redisconn::Conn,
     pub prefix: String,
     pub event: i64,
     pub ring: Keyring,
@@ -124,11 +124,7 @@ impl TestApp {
         let server = tokio::spawn(http::serve(listener, unix, state, async {
             let _ = rx.await;
         }));
-        let redis = redis::Client::open(url.as_str())
-            .expect("redis url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("Redis is not answering: run the tests with `deploy/test`");
+        let redis = testkit::redis().await;
         Self {
             base,
             client: reqwest::Client::new(),

@@ -490,8 +490,7 @@ async fn orders_are_looked_up_by_index_even_when_the_statistics_say_the_tables_a
     // The outbox relay publishes every row written above, then finds nothing left.
     let events: i64 = sqlx::query_scalar("SELECT count(*) FROM order_events").fetch_one(&one).await.expect("events");
     let counted = reads().await;
-    let redis = redis::Client::open(crate::app::redis_url()).expect("redis url");
-    let mut conn = redis::aio::ConnectionManager::new(redis).await.expect("redis");
+    let mut conn = testkit::redis().await;
     let stream = outbox::Stream { key: format!("test-{}:outbox:orders", Uuid::new_v4()), max_len: 0 };
     let published = outbox::relay_batch(&one, &mut conn, &stream, 10_000, |_| {}).await.expect("relay");
     assert_eq!(published as i64, events);

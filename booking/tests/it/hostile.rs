@@ -295,13 +295,16 @@ async fn a_checkout_whose_connection_an_operator_terminates_is_a_503_and_its_ret
             (res.status().as_u16(), retry_after, res.json::<serde_json::Value>().await.expect("json"))
         }
     });
+    // Every backend waiting on the lock is terminated until the checkout answers: a background step of the
+    // server (the sweeper) may be waiting there too, and ending only that one would leave the checkout waiting.
     let waiting = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
                    WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()";
-    let terminated = crate::app::eventually(Duration::from_secs(10), async || {
-        sqlx::query_scalar::<_, i64>(waiting).fetch_one(&app.pool).await.expect("terminate") > 0
+    let answered = crate::app::eventually(Duration::from_secs(10), async || {
+        sqlx::query_scalar::<_, i64>(waiting).fetch_one(&app.pool).await.expect("terminate");
+        checkout.is_finished()
     })
     .await;
-    assert!(terminated, "the checkout never waited on the lock");
+    assert!(answered, "the checkout waited on the lock and was never ended");
     let (status, retry_after, body) = checkout.await.expect("join");
     assert_eq!((status, body["error"].as_str(), retry_after), (503, Some("database_unavailable"), true), "{body}");
     lock.rollback().await.expect("rollback");

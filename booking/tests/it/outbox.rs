@@ -27,7 +27,8 @@ fn relay(app: &TestApp, extra: &[&str]) -> tokio::process::Child {
         .env("REDIS_KEY_PREFIX", &app.prefix)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        // Warnings land in the test's own output, which the runner shows when the test fails.
+        .stderr(Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
         .expect("start booking relay")

@@ -335,12 +335,8 @@ pub fn proof_for(account: &str, keys: &str, event: i64, issued: u64, ttl: u64) -
 }
 
 /// A direct Redis connection, to read what the scripts wrote.
-pub async fn redis() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(redis_url())
-        .expect("redis url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis answers (start it with deploy/stack services)")
+pub async fn redis() -> redisconn::Conn {
+    testkit::redis().await
 }
 
 /// A queue key, built by the gateway's own key builder.

@@ -1,0 +1,243 @@
+//! One Redis connection type for both deployments, chosen by the URL:
+//!
+//! - `redis://[:password@]host:port[/db]`: a single server, through redis's `ConnectionManager` (one multiplexed
+//!   connection, reconnected in the background);
+//! - `redis+cluster://[[user]:password@]host:port[,host:port...]`: a Redis Cluster, through redis's cluster
+//!   client, which learns the slot map from any of the nodes named, follows `MOVED` and `ASK` while slots move,
+//!   and routes each command by its keys. A script's keys must share one hash slot (ours carry a `{...}` tag).
+//!
+//! [`Conn`] is cheap to clone and implements [`redis::aio::ConnectionLike`], so commands, pipelines and
+//! `Script::invoke_async` work on either. A script unknown to the node a call reaches (`NOSCRIPT`: a restart, a
+//! failover to a replica, `SCRIPT FLUSH`) is loaded again and retried by `invoke_async` itself.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// Where Redis is: parsed from a URL, nothing connected yet.
+#[derive(Clone)]
+pub enum Target {
+    Single(redis::Client),
+    Cluster { nodes: Vec<String>, username: Option<String>, password: Option<String> },
+}
+
+/// How connections behave: every field applies to both kinds.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Longest wait to open a connection.
+    pub connection_timeout: Duration,
+    /// Longest wait for one answer (`None`: no limit, for callers that bound each call themselves).
+    pub response_timeout: Option<Duration>,
+    /// Longest pause between two attempts to reconnect.
+    pub max_delay: Duration,
+    /// A single server: attempts to reconnect before a command fails. A cluster keeps its client's own count,
+    /// which also covers following `MOVED` and `ASK` while slots move.
+    pub retries: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            connection_timeout: Duration::from_secs(2),
+            response_timeout: None,
+            max_delay: Duration::from_millis(200),
+            retries: 6,
+        }
+    }
+}
+
+impl Target {
+    /// Reads `redis://...` (a single server) or `redis+cluster://...` (a cluster, the nodes comma-separated).
+    pub fn parse(url: &str) -> RedisResult<Self> {
+        let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) else {
+            return Ok(Target::Single(redis::Client::open(url)?));
+        };
+        let rest = rest.trim_end_matches('/');
+        let (auth, hosts) = match rest.rsplit_once('@') {
+            Some((auth, hosts)) => (Some(auth), hosts),
+            None => (None, rest),
+        };
+        let (username, password) = match auth.map(|a| a.split_once(':').unwrap_or((a, ""))) {
+            Some((user, pass)) => (
+                Some(user).filter(|u| !u.is_empty()).map(str::to_owned),
+                Some(pass).filter(|p| !p.is_empty()).map(str::to_owned),
+            ),
+            None => (None, None),
+        };
+        let nodes: Vec<String> =
+            hosts.split(',').map(str::trim).filter(|h| !h.is_empty()).map(|h| format!("redis://{h}")).collect();
+        if nodes.is_empty() {
+            return Err(invalid("a redis+cluster:// URL names at least one node (host:port, comma-separated)"));
+        }
+        // Each node must read as an address; the cluster client would only say so when it first connects.
+        for node in &nodes {
+            redis::Client::open(node.as_str())?;
+        }
+        Ok(Target::Cluster { nodes, username, password })
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Target::Cluster { .. })
+    }
+
+    fn cluster_client(&self, options: &Options) -> RedisResult<ClusterClient> {
+        let Target::Cluster { nodes, username, password } = self else {
+            return Err(invalid("not a cluster"));
+        };
+        let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+            .connection_timeout(options.connection_timeout)
+            .max_retry_wait(options.max_delay.as_millis() as u64);
+        if let Some(timeout) = options.response_timeout {
+            builder = builder.response_timeout(timeout);
+        }
+        if let Some(user) = username {
+            builder = builder.username(user);
+        }
+        if let Some(pass) = password {
+            builder = builder.password(pass);
+        }
+        builder.build()
+    }
+
+    /// A shared connection that connects on first use and reconnects by itself; made without waiting for Redis,
+    /// so a service starts while Redis is down and answers 503 until it is back.
+    pub fn lazy(&self, options: Options) -> RedisResult<Conn> {
+        match self {
+            Target::Single(client) => {
+                let mut config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(options.connection_timeout))
+                    .set_number_of_retries(options.retries as usize)
+                    .set_max_delay(options.max_delay);
+                if let Some(timeout) = options.response_timeout {
+                    config = config.set_response_timeout(Some(timeout));
+                }
+                Ok(Conn(Inner::Manager(ConnectionManager::new_lazy_with_config(client.clone(), config)?)))
+            }
+            Target::Cluster { .. } => Ok(Conn(Inner::Cluster(Arc::new(LazyCluster {
+                client: self.cluster_client(&options)?,
+                conn: tokio::sync::OnceCell::new(),
+            })))),
+        }
+    }
+
+    /// A connection of its own, connected now: for blocking reads (`XREAD BLOCK`), which would hold up every
+    /// other caller of a shared one.
+    pub async fn dedicated(&self, options: Options) -> RedisResult<Conn> {
+        match self {
+            Target::Single(client) => {
+                let mut config =
+                    redis::AsyncConnectionConfig::new().set_connection_timeout(Some(options.connection_timeout));
+                if let Some(timeout) = options.response_timeout {
+                    config = config.set_response_timeout(Some(timeout));
+                }
+                Ok(Conn(Inner::Multiplexed(client.get_multiplexed_async_connection_with_config(&config).await?)))
+            }
+            Target::Cluster { .. } => {
+                let cluster =
+                    LazyCluster { client: self.cluster_client(&options)?, conn: tokio::sync::OnceCell::new() };
+                cluster.get().await?;
+                Ok(Conn(Inner::Cluster(Arc::new(cluster))))
+            }
+        }
+    }
+}
+
+fn invalid(message: &'static str) -> RedisError {
+    RedisError::from((ErrorKind::InvalidClientConfig, message))
+}
+
+/// A connection to a single Redis or to a cluster; clones share it.
+#[derive(Clone)]
+pub struct Conn(Inner);
+
+#[derive(Clone)]
+enum Inner {
+    Manager(ConnectionManager),
+    Multiplexed(MultiplexedConnection),
+    Cluster(Arc<LazyCluster>),
+}
+
+/// The cluster client connects when first used; until a connection is made, each use tries again.
+struct LazyCluster {
+    client: ClusterClient,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+}
+
+impl LazyCluster {
+    async fn get(&self) -> RedisResult<ClusterConnection> {
+        self.conn.get_or_try_init(|| self.client.get_async_connection()).await.cloned()
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match &mut self.0 {
+            Inner::Manager(c) => c.req_packed_command(cmd),
+            Inner::Multiplexed(c) => c.req_packed_command(cmd),
+            Inner::Cluster(c) => {
+                let c = c.clone();
+                Box::pin(async move { c.get().await?.req_packed_command(cmd).await })
+            }
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match &mut self.0 {
+            Inner::Manager(c) => c.req_packed_commands(cmd, offset, count),
+            Inner::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
+            Inner::Cluster(c) => {
+                let c = c.clone();
+                Box::pin(async move { c.get().await?.req_packed_commands(cmd, offset, count).await })
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.0 {
+            Inner::Manager(c) => c.get_db(),
+            Inner::Multiplexed(c) => c.get_db(),
+            Inner::Cluster(_) => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_url_is_one_server_and_a_cluster_url_names_its_nodes_and_password() {
+        assert!(!Target::parse("redis://:pw@127.0.0.1:6379/").expect("single").is_cluster());
+        let Target::Cluster { nodes, username, password } =
+            Target::parse("redis+cluster://:s3cret@127.0.0.1:7001, 127.0.0.1:7002/").expect("cluster")
+        else {
+            panic!("a cluster URL reads as a cluster");
+        };
+        assert_eq!(nodes, ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"]);
+        assert_eq!((username, password.as_deref()), (None, Some("s3cret")));
+        let Target::Cluster { username, password, .. } = Target::parse("redis+cluster://app:pw@h:1").expect("user")
+        else {
+            panic!("cluster");
+        };
+        assert_eq!((username.as_deref(), password.as_deref()), (Some("app"), Some("pw")));
+    }
+
+    #[test]
+    fn a_cluster_url_without_nodes_or_with_a_bad_one_is_refused() {
+        assert!(Target::parse("redis+cluster://").is_err());
+        assert!(Target::parse("redis+cluster://:pw@").is_err());
+        assert!(Target::parse("redis+cluster://h:notaport").is_err());
+        assert!(Target::parse("nonsense").is_err());
+    }
+}
