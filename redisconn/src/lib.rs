@@ -16,7 +16,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value};
 
 const CLUSTER_SCHEME: &str = "redis+cluster://";
 
@@ -148,6 +148,26 @@ impl Target {
     }
 }
 
+/// Whether an error means Redis cannot answer now but will shortly (a client may retry, so a service answers
+/// 503): the connection failed, dropped or timed out; or the server is loading its data after a restart
+/// (`LOADING`), or a cluster is between masters (`TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, or `READONLY` from a
+/// master just demoted).
+pub fn is_unavailable(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        )
+}
+
 fn invalid(message: &'static str) -> RedisError {
     RedisError::from((ErrorKind::InvalidClientConfig, message))
 }
@@ -231,6 +251,32 @@ mod tests {
             panic!("cluster");
         };
         assert_eq!((username.as_deref(), password.as_deref()), (Some("app"), Some("pw")));
+    }
+
+    #[test]
+    fn a_server_loading_or_a_cluster_between_masters_is_unavailable_and_a_script_error_is_not() {
+        let server = |code: &str| RedisError::from((ErrorKind::Server(server_kind(code)), "from the server"));
+        for code in ["LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"] {
+            assert!(is_unavailable(&server(code)), "{code}");
+        }
+        assert!(is_unavailable(&RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset))));
+        for code in ["ERR", "NOSCRIPT", "CROSSSLOT", "NOPERM"] {
+            assert!(!is_unavailable(&server(code)), "{code}");
+        }
+    }
+
+    fn server_kind(code: &str) -> ServerErrorKind {
+        match code {
+            "LOADING" => ServerErrorKind::BusyLoading,
+            "TRYAGAIN" => ServerErrorKind::TryAgain,
+            "CLUSTERDOWN" => ServerErrorKind::ClusterDown,
+            "MASTERDOWN" => ServerErrorKind::MasterDown,
+            "READONLY" => ServerErrorKind::ReadOnly,
+            "NOSCRIPT" => ServerErrorKind::NoScript,
+            "CROSSSLOT" => ServerErrorKind::CrossSlot,
+            "NOPERM" => ServerErrorKind::NoPerm,
+            _ => ServerErrorKind::ResponseError,
+        }
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub async fn redis_connection(url: &str) -> redis::RedisResult<redisconn::Conn> 
     loop {
         match redis::cmd("PING").query_async::<String>(&mut conn.clone()).await {
             Ok(_) => return Ok(conn),
-            Err(e) if attempts > 1 && (e.is_io_error() || e.is_connection_dropped() || e.is_timeout()) => {
+            Err(e) if attempts > 1 && redisconn::is_unavailable(&e) => {
                 attempts -= 1;
                 tracing::warn!(error = %e, "Redis is not answering yet; asking again");
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -47,7 +47,7 @@ impl StoreError {
     /// True when the store is down or overloaded (the client may retry), rather than a bug of ours.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            StoreError::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
+            StoreError::Redis(e) => redisconn::is_unavailable(e),
             StoreError::RedisTimeout(_) => true,
             StoreError::Unexpected(_) => false,
             StoreError::Postgres(sqlx::Error::Database(e)) => {
