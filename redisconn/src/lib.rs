@@ -168,6 +168,23 @@ pub fn is_unavailable(e: &RedisError) -> bool {
         )
 }
 
+/// Whether a transaction was refused because a command in it belongs to a slot another node serves now.
+fn moved_inside(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::ExecAbort)
+        && e.clone()
+            .into_server_errors()
+            .is_some_and(|errors| errors.iter().any(|(_, err)| err.kind() == Some(ServerErrorKind::Moved)))
+}
+
+/// The first key a pipeline names: the first argument of its first command that takes one (a command's first
+/// argument after its name; `TIME`, `MULTI` and the like take none).
+fn first_key(pipeline: &Pipeline) -> Option<Vec<u8>> {
+    pipeline.cmd_iter().find_map(|cmd| match cmd.args_iter().nth(1) {
+        Some(redis::Arg::Simple(key)) => Some(key.to_vec()),
+        _ => None,
+    })
+}
+
 fn invalid(message: &'static str) -> RedisError {
     RedisError::from((ErrorKind::InvalidClientConfig, message))
 }
@@ -218,7 +235,27 @@ impl ConnectionLike for Conn {
             Inner::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
             Inner::Cluster(c) => {
                 let c = c.clone();
-                Box::pin(async move { c.get().await?.req_packed_commands(cmd, offset, count).await })
+                Box::pin(async move {
+                    let mut conn = c.get().await?;
+                    let mut answer = conn.req_packed_commands(cmd, offset, count).await;
+                    // The client follows MOVED for a command, not inside MULTI/EXEC: a transaction sent to a
+                    // master demoted by a failover would fail there for as long as the connection lives. A plain
+                    // command on the transaction's key makes the client learn the slot's new master (it
+                    // rebuilds its slot map in the background, hence the pause); then the transaction goes
+                    // again, a few times at most.
+                    for pause in [0, 100, 300] {
+                        match &answer {
+                            Err(e) if cmd.is_transaction() && moved_inside(e) => {}
+                            _ => break,
+                        }
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                        if let Some(key) = first_key(cmd) {
+                            let _: RedisResult<Value> = redis::cmd("EXISTS").arg(key).query_async(&mut conn).await;
+                        }
+                        answer = conn.req_packed_commands(cmd, offset, count).await;
+                    }
+                    answer
+                })
             }
         }
     }
@@ -277,6 +314,16 @@ mod tests {
             "NOPERM" => ServerErrorKind::NoPerm,
             _ => ServerErrorKind::ResponseError,
         }
+    }
+
+    #[test]
+    fn a_transaction_s_key_is_the_first_a_command_of_it_names() {
+        let mut pipe = redis::pipe();
+        pipe.atomic().cmd("TIME").hgetall("queue:{ev1}:settings").get("queue:{ev1}:seq");
+        assert_eq!(first_key(&pipe).as_deref(), Some(&b"queue:{ev1}:settings"[..]));
+        let mut keyless = redis::pipe();
+        keyless.cmd("TIME");
+        assert_eq!(first_key(&keyless), None);
     }
 
     #[test]
