@@ -32,7 +32,7 @@ pub enum Target {
 pub struct Options {
     /// Longest wait to open a connection.
     pub connection_timeout: Duration,
-    /// Longest wait for one answer (`None`: no limit, for callers that bound each call themselves).
+    /// Longest wait for one answer (`None`: the redis client's own default, 500 ms for a single server).
     pub response_timeout: Option<Duration>,
     /// Longest pause between two attempts to reconnect.
     pub max_delay: Duration,
