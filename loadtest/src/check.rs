@@ -253,7 +253,7 @@ async fn every_change_on_the_stream_once(target: &Target<'_>, pool: &PgPool) -> 
         (rows.into_iter().map(|(id, _)| id).collect(), since)
     };
     let Some(since) = since else { return Ok(Verdict { name, problems: Vec::new(), lost: true }) };
-    let mut conn = redis_conn(target.redis_url)?;
+    let mut conn = redis_conn(target.redis_url).await?;
     // Entry ids start with the publishing time in ms: from a second before the event's first change, a page at
     // a time (a stream published again whole after a flush holds every event's history).
     let key = format!("{}outbox:orders", target.redis_key_prefix);
@@ -298,9 +298,9 @@ async fn every_change_on_the_stream_once(target: &Target<'_>, pool: &PgPool) -> 
 }
 
 /// A connection to the stack's Redis, a single server or a cluster as the URL says.
-fn redis_conn(url: &str) -> anyhow::Result<redisconn::Conn> {
+async fn redis_conn(url: &str) -> anyhow::Result<redisconn::Conn> {
     let target = redisconn::Target::parse(url).context("REDIS_URL")?;
-    target.lazy(redisconn::Options::default()).context("connecting to Redis")
+    target.connected(redisconn::Options::default()).await.context("connecting to Redis")
 }
 
 /// Stream entries read per `XRANGE`.
@@ -321,7 +321,7 @@ fn write_record(out: &Path, summary: &Summary, verdicts: &[Verdict]) -> anyhow::
 /// Every admission step recorded: the admitted count never exceeds rate x elapsed + one burst, and never more
 /// than max_active fans were admitted within one session window.
 async fn admissions_within_bounds(target: &Target<'_>) -> anyhow::Result<Verdict> {
-    let mut conn = redis_conn(target.redis_url)?;
+    let mut conn = redis_conn(target.redis_url).await?;
     let key = |name: &str| format!("{}queue:{{ev{}}}:{name}", target.redis_key_prefix, target.event);
     let settings: HashMap<String, String> =
         redis::cmd("HGETALL").arg(key("settings")).query_async(&mut conn).await.context("room settings")?;

@@ -126,6 +126,24 @@ impl Target {
         }
     }
 
+    /// [`Target::lazy`], connected before it is returned, so a wrong URL or a missing Redis fails the caller's
+    /// start; a Redis that does not answer at once (a node busy, loading, a failover under way) is asked again
+    /// for about 3 s.
+    pub async fn connected(&self, options: Options) -> RedisResult<Conn> {
+        let conn = self.lazy(options)?;
+        let mut attempts = 10;
+        loop {
+            match redis::cmd("PING").query_async::<String>(&mut conn.clone()).await {
+                Ok(_) => return Ok(conn),
+                Err(e) if attempts > 1 && is_unavailable(&e) => {
+                    attempts -= 1;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// A connection of its own, connected now: for blocking reads (`XREAD BLOCK`), which would hold up every
     /// other caller of a shared one.
     pub async fn dedicated(&self, options: Options) -> RedisResult<Conn> {

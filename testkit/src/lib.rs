@@ -15,14 +15,11 @@ pub fn redis_url() -> String {
 /// A direct connection to the stack's Redis (one server or the cluster, as `REDIS_URL` says), to read and write
 /// what the services do.
 pub async fn redis() -> redisconn::Conn {
-    let conn = redisconn::Target::parse(&redis_url())
-        .and_then(|target| target.lazy(redisconn::Options::default()))
-        .expect("REDIS_URL is a Redis URL");
-    let _: String = redis::cmd("PING")
-        .query_async(&mut conn.clone())
+    let target = redisconn::Target::parse(&redis_url()).expect("REDIS_URL is a Redis URL");
+    target
+        .connected(redisconn::Options::default())
         .await
-        .expect("Redis is not answering: run the tests with `deploy/test`, which starts it");
-    conn
+        .expect("Redis is not answering: run the tests with `deploy/test`, which starts it")
 }
 
 /// A Redis key prefix no other test (or earlier run) uses.

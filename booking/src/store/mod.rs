@@ -24,23 +24,10 @@ pub enum StoreError {
 
 /// A Redis connection (one server or a cluster, by the URL) that reconnects by itself. After Redis goes away it
 /// tries again at least every 200 ms (the client's default backoff doubles up to seconds), so service is back
-/// within moments of Redis. Connected before it is returned, so a wrong URL or a missing Redis fails the start;
-/// a cluster that does not answer at once (a node busy, a failover under way) is asked again for about 3 s.
+/// within moments of Redis. Connected before it is returned (`redisconn::Target::connected`).
 pub async fn redis_connection(url: &str) -> redis::RedisResult<redisconn::Conn> {
     let options = redisconn::Options { max_delay: Duration::from_millis(200), ..Default::default() };
-    let conn = redisconn::Target::parse(url)?.lazy(options)?;
-    let mut attempts = 10;
-    loop {
-        match redis::cmd("PING").query_async::<String>(&mut conn.clone()).await {
-            Ok(_) => return Ok(conn),
-            Err(e) if attempts > 1 && redisconn::is_unavailable(&e) => {
-                attempts -= 1;
-                tracing::warn!(error = %e, "Redis is not answering yet; asking again");
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    redisconn::Target::parse(url)?.connected(options).await
 }
 
 impl StoreError {
