@@ -10,8 +10,9 @@
 --             members, so they are not in KEYS; they share the event's hash slot)
 -- ARGV[2]     most lapses taken in one run (the rest wait for the next)
 -- Returns     {lapses taken, seats logged as available, the version logged or 0}
--- Time is Redis's clock. A member is taken once its score is in the past: a key whose expiry equals now has
--- not expired yet.
+-- Time is Redis's clock. A member is taken once its score is in the past and none of its seats still carries
+-- its token with an expiry set (that key's expiry equals the instant the script started: it has not expired
+-- yet, and the member waits for the next run).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -20,21 +21,46 @@ if #due == 0 then
   return {0, 0, 0}
 end
 local changes = {}
+local taken = {}
 local seen = {}
 for _, member in ipairs(due) do
-  local seats = string.match(member, '^[hs]:[^:]+:(.*)$')
-  if seats then
+  local kind, token, seats = string.match(member, '^([hs]):([^:]+):(.*)$')
+  if kind then
+    -- A key expires once Redis's clock is past its expiry, and a script reads keys at the instant it started:
+    -- a seat due at that very millisecond still carries its own token here although TIME is past it. Such a
+    -- lapse waits for the next run whole, so the log never says available what Redis still holds.
+    local own = token
+    if kind == 's' then
+      own = 'sold:' .. token
+    end
+    local free = {}
+    local waits = false
     for seat in string.gmatch(seats, '%d+') do
-      if not seen[seat] then
-        seen[seat] = true
-        -- Held again, or sold, since: the log already says so.
-        if redis.call('EXISTS', ARGV[1] .. seat) == 0 then
+      local key = ARGV[1] .. seat
+      local v = redis.call('GET', key)
+      if not v then
+        free[#free + 1] = seat
+      elseif v == own and redis.call('PTTL', key) ~= -1 then
+        waits = true
+        break
+      end
+      -- Otherwise held again, or sold (for good), since: the log already says so.
+    end
+    if not waits then
+      taken[#taken + 1] = member
+      for _, seat in ipairs(free) do
+        if not seen[seat] then
+          seen[seat] = true
           changes[#changes + 1] = seat .. ':a'
         end
       end
     end
+  else
+    taken[#taken + 1] = member
   end
 end
-redis.call('ZREM', KEYS[3], unpack(due))
+if #taken > 0 then
+  redis.call('ZREM', KEYS[3], unpack(taken))
+end
 local v = seatmap_publish(KEYS[1], KEYS[2], KEYS[4], changes)
-return {#due, #changes, v or 0}
+return {#taken, #changes, v or 0}

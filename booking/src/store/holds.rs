@@ -72,7 +72,7 @@ impl Keys {
     }
 
     /// The event's seat map keys every state-changing script takes, in this order: version, log, lapses, taken.
-    fn map(&self, event: EventId) -> [String; 4] {
+    pub fn map(&self, event: EventId) -> [String; 4] {
         [self.version(event), self.log(event), self.lapses(event), self.taken(event)]
     }
 

@@ -248,6 +248,66 @@ async fn a_hold_released_after_it_ran_out_but_before_its_lapse_was_logged_is_log
     app.stop().await;
 }
 
+/// One run of the lapse step over the app's event: (lapses taken, seats logged, version or 0).
+async fn lapse_once(app: &mut TestApp) -> (i64, i64, i64) {
+    let script = redis::Script::new(booking::store::holds::sources::SEATMAP_LAPSE);
+    let (keys, event) = (app.keys(), EventId(app.event));
+    let mut inv = script.prepare_invoke();
+    for key in keys.map(event) {
+        inv.key(key);
+    }
+    inv.arg(keys.seat_prefix(event)).arg(100);
+    inv.invoke_async(&mut app.redis).await.expect("seatmap_lapse")
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_lapse_due_by_the_index_waits_while_redis_still_holds_its_seats(pool: PgPool) {
+    // A key expires once Redis's clock is past its expiry, and a script reads keys as of its start, so a lapse
+    // may be due by TIME while its seats still carry its token. Moving the index entries into the past while
+    // the keys live on makes that instant last: the step must neither log those seats available nor drop the
+    // entries, and must log them once Redis lets the keys go.
+    let mut app = TestApp::spawn_with(pool, &["--lapse-interval-ms", "0"]).await;
+    let seats = app.seats_on_sale().await;
+    let (start, _) = status(&app).await;
+    let hold = app.hold("fan-a", &seats[0..2]).await;
+    assert_eq!(hold.status, 201);
+    app.reserve("fan-b", &seats[2..3]).await;
+    let lapses = app.keys().lapses(EventId(app.event));
+    let members: Vec<String> =
+        redis::cmd("ZRANGE").arg(&lapses).arg(0).arg(-1).query_async(&mut app.redis).await.expect("ZRANGE");
+    assert_eq!(members.len(), 2, "the hold's and the order's: {members:?}");
+    let past = redis_now_ms(&mut app).await - 1_000;
+    for member in &members {
+        let _: i64 =
+            redis::cmd("ZADD").arg(&lapses).arg(past).arg(member).query_async(&mut app.redis).await.expect("ZADD");
+    }
+    let logged = log_since(&mut app, start).await.last().expect("entries").0;
+    assert_eq!(lapse_once(&mut app).await, (0, 0, 0), "nothing is taken while Redis holds the seats");
+    assert_eq!(log_since(&mut app, logged).await, vec![], "nothing logged");
+    let left: i64 = redis::cmd("ZCARD").arg(&lapses).query_async(&mut app.redis).await.expect("ZCARD");
+    assert_eq!(left, 2, "both wait in the index");
+    let (_, map) = status(&app).await;
+    assert_eq!(seats[0..3].iter().map(|s| map[s]).collect::<String>(), "hhs");
+
+    for &seat in &seats[0..3] {
+        let _: i64 =
+            redis::cmd("PEXPIRE").arg(app.seat_key(seat)).arg(1).query_async(&mut app.redis).await.expect("PEXPIRE");
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (taken, logged_seats, version) = lapse_once(&mut app).await;
+    assert_eq!((taken, logged_seats), (2, 3), "both lapses taken, their three seats logged");
+    let log = log_since(&mut app, logged).await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0].0, version as u64);
+    let mut changes = log[0].1.clone();
+    changes.sort();
+    assert_eq!(changes, seats[0..3].iter().map(|&s| (s, 'a')).collect::<Vec<_>>());
+    assert_no_gaps(start, &log_since(&mut app, start).await);
+    let (_, map) = status(&app).await;
+    assert!(seats[0..2].iter().all(|s| map[s] == 'a'), "the hold's seats are free (the order stays live in Postgres)");
+    app.stop().await;
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn layout_and_status_are_public_cacheable_and_the_same_bytes_for_every_fan(pool: PgPool) {
     let app = TestApp::spawn_with(pool, &["--seat-map-cache-ms", "60000"]).await;
