@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use crate::store::{LazyStore, LogEntry};
 
@@ -64,6 +64,8 @@ const READ_COUNT: usize = 5_000;
 /// One event's feed: the channel its reader broadcasts on, and how far the reader has read.
 struct Feed {
     tx: broadcast::Sender<Arc<Frame>>,
+    /// Where the reader started: the log's last version when it first read it (`None` until then).
+    start: watch::Sender<Option<u64>>,
     /// The last version the reader read (or found at the log's end), once it has.
     version: AtomicU64,
     known: AtomicBool,
@@ -89,6 +91,18 @@ impl Feed {
     }
 }
 
+/// A subscriber's place on an event's feed.
+pub struct Subscription {
+    /// The frames the reader broadcasts from now on.
+    pub frames: broadcast::Receiver<Arc<Frame>>,
+    /// The version the feed has read up to, when it is following the log now (the stream starts from there
+    /// without asking Redis).
+    pub followed: Option<u64>,
+    /// While the reader has not yet read where the log ends: its start, once it has. A stream must start from
+    /// there, not from a version it read itself: an entry logged between the two would be in no frame.
+    pub starting: Option<watch::Receiver<Option<u64>>>,
+}
+
 /// Every event's feed on this node.
 pub struct Feeds {
     store: LazyStore,
@@ -101,18 +115,24 @@ impl Feeds {
         Arc::new(Self { store, options, feeds: Mutex::new(HashMap::new()) })
     }
 
-    /// A receiver of `event`'s frames from now on, and the version the feed has read up to when it is
-    /// following the log now (the stream starts from there without asking Redis); starts the event's reader
-    /// if it has none. Must be called from inside the runtime the reader is to run on.
-    pub fn subscribe(self: &Arc<Self>, event: i64) -> (broadcast::Receiver<Arc<Frame>>, Option<u64>) {
+    /// A receiver of `event`'s frames from now on, with where the feed stands (see [`Subscription`]); starts
+    /// the event's reader if it has none. Must be called from inside the runtime the reader is to run on.
+    pub fn subscribe(self: &Arc<Self>, event: i64) -> Subscription {
         let mut feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(feed) = feeds.get(&event) {
+            let starting = feed.start.borrow().is_none().then(|| feed.start.subscribe());
             // Heard from within one blocking read (and a margin): the reader is following the log.
-            return (feed.tx.subscribe(), feed.version(self.options.block * 2));
+            return Subscription {
+                frames: feed.tx.subscribe(),
+                followed: feed.version(self.options.block * 2),
+                starting,
+            };
         }
-        let (tx, rx) = broadcast::channel(self.options.capacity.max(1));
+        let (tx, frames) = broadcast::channel(self.options.capacity.max(1));
+        let (start, starting) = watch::channel(None);
         let feed = Arc::new(Feed {
             tx,
+            start,
             version: AtomicU64::new(0),
             known: AtomicBool::new(false),
             heard_at: Mutex::new(None),
@@ -120,7 +140,7 @@ impl Feeds {
         feeds.insert(event, feed.clone());
         metrics::gauge!("gateway_seatmap_feeds").increment(1.0);
         tokio::spawn(self.clone().read(event, feed));
-        (rx, None)
+        Subscription { frames, followed: None, starting: Some(starting) }
     }
 
     /// Whether the feed may stop: it has had no subscriber for `linger` (then it is gone from the map, under
@@ -167,6 +187,7 @@ impl Feeds {
                 None => match r.last().await {
                     Ok(v) => {
                         feed.heard(Some(v));
+                        feed.start.send_replace(Some(v));
                         *after.insert(v)
                     }
                     Err(e) => {

@@ -18,11 +18,15 @@ use pingora::proxy::Session;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::reply::Reply;
-use crate::seatmap::{self, Feeds, Frame};
+use crate::seatmap::{self, Feeds, Frame, Subscription};
 use crate::store::{QueueStore, StoreError};
 
 /// Log entries read in one catch-up call.
 const CATCH_UP_COUNT: usize = 1_000;
+
+/// Longest a stream waits for a feed that is just starting to read where the log ends (a Redis that does not
+/// answer by then gets the client a 503 with Retry-After).
+const FEED_START_WAIT: Duration = Duration::from_secs(2);
 
 /// Longest a write to a subscriber may take before it is dropped (a client that stopped reading).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -98,11 +102,23 @@ pub async fn serve(
     start: Start,
 ) -> Result<(), Reply> {
     // Subscribed before the version is read: nothing logged after it can be missed.
-    let (mut rx, followed) = feeds.subscribe(event);
+    let Subscription { frames: mut rx, mut followed, starting } = feeds.subscribe(event);
     let unavailable = |e: StoreError| {
         tracing::warn!(error = %e, event, "seat map stream: Redis did not answer");
         Reply::unavailable()
     };
+    if let Some(mut starting) = starting {
+        // The reader is just starting: its frames begin after the version it reads first, so the stream starts
+        // from that one too.
+        let started = tokio::time::timeout(FEED_START_WAIT, starting.wait_for(Option::is_some)).await;
+        match started.ok().and_then(|v| v.ok().and_then(|v| *v)) {
+            Some(v) => followed = Some(v),
+            None => {
+                tracing::warn!(event, "seat map stream: the feed could not read the log's end in time");
+                return Err(Reply::unavailable());
+            }
+        }
+    }
     // The feed's version, when it is following the log, saves a Redis call (many subscribers come back at
     // once after a blip); a client that has seen a later version than the feed asks Redis.
     let current = match (followed, start) {

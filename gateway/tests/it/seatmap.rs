@@ -182,6 +182,22 @@ async fn resuming_with_last_event_id_or_since_loses_nothing_and_a_stream_too_far
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_logged_while_the_first_stream_of_an_event_opens_reaches_it() {
+    // The first subscriber starts the event's reader; a change logged as soon as the stream has begun must come
+    // through, although the reader may still be connecting (on a cluster it connects to every node).
+    for round in 0..5 {
+        let prefix = prefix();
+        let (gw, _upstream) = gateway(&prefix).await;
+        let before = publish(&prefix, &["1:h"]).await;
+        let mut sub = Subscriber::open(&gw, &format!("?since={before}"), None).await;
+        let next = publish(&prefix, &[&format!("{}:s", round + 2)]).await;
+        let (changes, spans) = sub.until(next).await;
+        assert_contiguous(before, &spans);
+        assert_eq!(changes, vec![(round + 2, "s".to_owned())], "round {round}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_has_seen_nothing_is_replayed_the_whole_log_until_it_is_trimmed() {
     let prefix = prefix();
     let (gw, _upstream) = gateway(&prefix).await;
