@@ -16,6 +16,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value};
 
 const CLUSTER_SCHEME: &str = "redis+cluster://";
@@ -144,6 +145,41 @@ impl Target {
         }
     }
 
+    /// Where `key` lives: the address (`host:port`) of the server that holds it, then those of its replicas. On
+    /// a cluster: the master serving the key's slot now and its replicas not marked failed, as `CLUSTER NODES`
+    /// says; on a single server: its own address, and no replica.
+    pub async fn serving(&self, key: &str) -> RedisResult<(String, Vec<String>)> {
+        if let Target::Single(client) = self {
+            return match client.get_connection_info().addr() {
+                redis::ConnectionAddr::Tcp(host, port) | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                    Ok((format!("{host}:{port}"), Vec::new()))
+                }
+                _ => Err(invalid("a Redis reached by a Unix socket has no host:port")),
+            };
+        }
+        let mut conn = self.connected(Options::default()).await?;
+        let slot: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query_async(&mut conn).await?;
+        let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(&mut conn).await?;
+        shard_of(&nodes, slot).ok_or_else(|| invalid("no master serves the key's slot now"))
+    }
+
+    /// One server of this target, as a single-server target with the same credentials (a cluster's node, to
+    /// ask it what only it knows).
+    pub fn node(&self, addr: &str) -> RedisResult<Target> {
+        let auth = match self {
+            Target::Single(client) => {
+                let settings = client.get_connection_info().redis_settings();
+                (settings.username().map(str::to_owned), settings.password().map(str::to_owned))
+            }
+            Target::Cluster { username, password, .. } => (username.clone(), password.clone()),
+        };
+        let url = match auth {
+            (None, None) => format!("redis://{addr}/"),
+            (user, pass) => format!("redis://{}:{}@{addr}/", user.unwrap_or_default(), pass.unwrap_or_default()),
+        };
+        Ok(Target::Single(redis::Client::open(url)?))
+    }
+
     /// A connection of its own, connected now: for blocking reads (`XREAD BLOCK`), which would hold up every
     /// other caller of a shared one.
     pub async fn dedicated(&self, options: Options) -> RedisResult<Conn> {
@@ -164,6 +200,23 @@ impl Target {
             }
         }
     }
+}
+
+/// From `CLUSTER NODES`: the address of the master serving `slot` and those of its replicas not marked failed.
+fn shard_of(nodes: &str, slot: u16) -> Option<(String, Vec<String>)> {
+    let lines: Vec<Vec<&str>> =
+        nodes.lines().map(|l| l.split_whitespace().collect()).filter(|f: &Vec<&str>| f.len() >= 8).collect();
+    let addr = |f: &[&str]| f[1].split('@').next().unwrap_or(f[1]).to_owned();
+    let serves = |f: &[&str]| {
+        f[8..].iter().any(|range| {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            matches!((lo.parse::<u16>(), hi.parse::<u16>()), (Ok(lo), Ok(hi)) if lo <= slot && slot <= hi)
+        })
+    };
+    let alive = |f: &[&str]| !f[2].split(',').any(|flag| flag == "fail" || flag == "fail?");
+    let master = lines.iter().find(|f| f[2].split(',').any(|flag| flag == "master") && alive(f) && serves(f))?;
+    let replicas = lines.iter().filter(|f| f[3] == master[0] && alive(f)).map(|f| addr(f)).collect();
+    Some((addr(master), replicas))
 }
 
 /// Whether an error means Redis cannot answer now but will shortly (a client may retry, so a service answers
@@ -227,6 +280,29 @@ struct LazyCluster {
 impl LazyCluster {
     async fn get(&self) -> RedisResult<ClusterConnection> {
         self.conn.get_or_try_init(|| self.client.get_async_connection()).await.cloned()
+    }
+}
+
+impl Conn {
+    /// `WAIT`: blocks until at least `replicas` replicas of the master that serves `key` have acknowledged every
+    /// write this connection sent it, or `timeout` passed (at least 1 ms: Redis reads 0 as "forever"); returns
+    /// how many did. On a cluster it goes to that key's master (the client would send a keyless `WAIT` to every
+    /// master), over the connection the writes took. While it waits, Redis holds back every later command on
+    /// the connection, so the timeout bounds what a missing replica costs every caller sharing it.
+    pub async fn wait_replicas(&self, key: &str, replicas: u32, timeout: Duration) -> RedisResult<u32> {
+        let ms = timeout.as_millis().clamp(1, u128::from(u32::MAX)) as u64;
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(ms);
+        let acked: i64 = match &self.0 {
+            Inner::Cluster(c) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let value = c.get().await?.route_command(cmd, routing).await?;
+                redis::from_redis_value(value)?
+            }
+            _ => cmd.query_async(&mut self.clone()).await?,
+        };
+        Ok(u32::try_from(acked.max(0)).unwrap_or(u32::MAX))
     }
 }
 
@@ -306,6 +382,31 @@ mod tests {
             panic!("cluster");
         };
         assert_eq!((username.as_deref(), password.as_deref()), (Some("app"), Some("pw")));
+    }
+
+    #[test]
+    fn a_slot_is_found_on_its_master_and_its_live_replicas_beside_it() {
+        let nodes = "\
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7002@17002 master - 0 0 2 connected 5461-10922 12000
+c3 127.0.0.1:7003@17003 master,fail - 0 0 3 connected
+d4 127.0.0.1:7004@17004 slave b2 0 0 2 connected
+e5 127.0.0.1:7005@17005 slave,fail b2 0 0 2 connected
+f6 127.0.0.1:7006@17006 master - 0 0 4 connected 10923-11999 12001-16383
+";
+        assert_eq!(shard_of(nodes, 0), Some(("127.0.0.1:7001".into(), vec![])));
+        assert_eq!(shard_of(nodes, 12000), Some(("127.0.0.1:7002".into(), vec!["127.0.0.1:7004".into()])));
+        assert_eq!(shard_of(nodes, 16383), Some(("127.0.0.1:7006".into(), vec![])));
+        assert_eq!(shard_of("", 1), None);
+    }
+
+    #[test]
+    fn a_node_of_a_cluster_keeps_its_credentials() {
+        let cluster = Target::parse("redis+cluster://app:pw@127.0.0.1:7001,127.0.0.1:7002").expect("cluster");
+        let Target::Single(client) = cluster.node("127.0.0.1:7002").expect("node") else { panic!("single") };
+        let info = client.get_connection_info();
+        assert_eq!((info.redis_settings().username(), info.redis_settings().password()), (Some("app"), Some("pw")));
+        assert!(matches!(info.addr(), redis::ConnectionAddr::Tcp(h, 7002) if h == "127.0.0.1"));
     }
 
     #[test]
