@@ -85,6 +85,15 @@ pub struct Config {
     /// Longest wait for one Redis call, in milliseconds.
     #[arg(long, env = "GATEWAY_REDIS_TIMEOUT_MS", default_value_t = 500)]
     pub redis_timeout_ms: u64,
+    /// Replicas of the room's Redis master that must hold a new queue place, an admission step or a room's
+    /// settings before the gateway answers (`WAIT`), so that a failover keeps them. 0: none (a single Redis);
+    /// 1 on a cluster with a replica per master.
+    #[arg(long, env = "GATEWAY_REDIS_WAIT_REPLICAS", default_value_t = 0)]
+    pub redis_wait_replicas: u32,
+    /// Longest wait for those replicas, in milliseconds; a wait that comes back short stops the waits for a
+    /// second (a replica is missing) and the write stands on the master alone.
+    #[arg(long, env = "GATEWAY_REDIS_WAIT_MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub redis_wait_ms: u64,
     /// How often this node runs the admission step and refreshes its view of every queue, in milliseconds.
     #[arg(long, env = "GATEWAY_TICK_MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(20..=1000))]
     pub tick_ms: u64,
@@ -144,6 +153,13 @@ impl Config {
 
     pub fn redis_timeout(&self) -> Duration {
         Duration::from_millis(self.redis_timeout_ms)
+    }
+
+    pub fn replication(&self) -> crate::store::Replication {
+        crate::store::Replication {
+            replicas: self.redis_wait_replicas,
+            timeout: Duration::from_millis(self.redis_wait_ms),
+        }
     }
 
     pub fn tick(&self) -> Duration {

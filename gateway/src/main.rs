@@ -53,7 +53,9 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     let keyring = Arc::new(Keyring::parse(cfg.admission_keys.expose_secret()).context("ADMISSION_KEYS")?);
     let accounts = Keyring::parse(cfg.account_keys.expose_secret()).context("ACCOUNT_KEYS")?;
     let store = LazyStore::new(cfg.redis_url.expose_secret(), &cfg.redis_key_prefix, cfg.redis_timeout())
-        .context("REDIS_URL")?;
+        .context("REDIS_URL")?
+        .with_replication(cfg.replication())
+        .context("GATEWAY_REDIS_WAIT_MS")?;
     let admin_listener = std::net::TcpListener::bind(cfg.admin_listen)
         .with_context(|| format!("binding the admin listener on {}", cfg.admin_listen))?;
     admin_listener.set_nonblocking(true)?;

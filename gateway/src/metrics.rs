@@ -52,3 +52,8 @@ pub fn record_connection_refused() {
 pub fn record_rate_limited(limit: &'static str) {
     metrics::counter!("gateway_rate_limited_total", "limit" => limit).increment(1);
 }
+
+/// One queue write answered without the replicas `GATEWAY_REDIS_WAIT_REPLICAS` asks for (a failover may lose it).
+pub fn record_unreplicated() {
+    metrics::counter!("waiting_room_unreplicated_writes_total").increment(1);
+}

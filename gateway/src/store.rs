@@ -6,8 +6,9 @@
 //! inside its runtime. Every call is bounded by a timeout.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{AsyncCommands, Script, Value};
 use redisconn::{Conn, Options, Target};
@@ -231,8 +232,18 @@ pub struct LazyStore {
     target: Target,
     prefix: String,
     timeout: Duration,
+    replication: Replication,
     scripts: Arc<Scripts>,
     store: OnceLock<QueueStore>,
+}
+
+/// Which writes wait for replicas, and how long: a queue place, an admission step and a room's settings are
+/// answered only once `replicas` replicas of the room's master hold them (`WAIT`), so a failover to one of
+/// them keeps them. `replicas` 0: nothing waits (a single Redis has no replica to wait for).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Replication {
+    pub replicas: u32,
+    pub timeout: Duration,
 }
 
 impl LazyStore {
@@ -242,9 +253,20 @@ impl LazyStore {
             target: Target::parse(url)?,
             prefix: prefix.to_owned(),
             timeout,
+            replication: Replication::default(),
             scripts: Arc::new(Scripts::load()),
             store: OnceLock::new(),
         })
+    }
+
+    /// Makes the writes that must survive a failover wait for replicas (see [`Replication`]).
+    pub fn with_replication(mut self, replication: Replication) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            replication.replicas == 0 || replication.timeout < self.timeout,
+            "the wait for replicas must be shorter than the Redis timeout"
+        );
+        self.replication = replication;
+        Ok(self)
     }
 
     /// A copy for another runtime: same settings, its own connection.
@@ -253,6 +275,7 @@ impl LazyStore {
             target: self.target.clone(),
             prefix: self.prefix.clone(),
             timeout: self.timeout,
+            replication: self.replication,
             scripts: self.scripts.clone(),
             store: OnceLock::new(),
         }
@@ -285,8 +308,15 @@ impl LazyStore {
             retries: 1,
         };
         let conn = self.target.lazy(options)?;
-        let store =
-            QueueStore { conn, prefix: self.prefix.clone(), timeout: self.timeout, scripts: self.scripts.clone() };
+        let store = QueueStore {
+            conn,
+            prefix: self.prefix.clone(),
+            timeout: self.timeout,
+            replication: self.replication,
+            epoch: Instant::now(),
+            unreplicated_until: AtomicU64::new(0),
+            scripts: self.scripts.clone(),
+        };
         Ok(self.store.get_or_init(|| store))
     }
 }
@@ -296,8 +326,17 @@ pub struct QueueStore {
     conn: Conn,
     prefix: String,
     timeout: Duration,
+    replication: Replication,
+    /// Since when the store counts time, for `unreplicated_until`.
+    epoch: Instant,
+    /// Until when (ms since `epoch`) writes do not wait for replicas: a wait came back short, so a replica is missing,
+    /// and every wait would hold the shared connection for the whole timeout until it is back.
+    unreplicated_until: AtomicU64,
     scripts: Arc<Scripts>,
 }
+
+/// How long writes stop waiting for replicas after a wait came back short.
+const UNREPLICATED_PAUSE_MS: u64 = 1000;
 
 /// A script reply (a Lua table of strings and integers) as text.
 fn parts(reply: Value) -> Result<Vec<String>, StoreError> {
@@ -329,6 +368,33 @@ impl QueueStore {
         QueueKeys::new(&self.prefix, event)
     }
 
+    /// After a write to `event`'s room that must survive a failover: waits until the configured replicas of
+    /// the room's master hold it (see [`Replication`]). A wait that comes back short is counted and logged,
+    /// and writes stop waiting for a second: the write stands on the master alone, as it would without waits.
+    async fn replicate(&self, event: i64) -> Result<(), StoreError> {
+        let Replication { replicas, timeout } = self.replication;
+        if replicas == 0 {
+            return Ok(());
+        }
+        let now = self.epoch.elapsed().as_millis() as u64;
+        if now < self.unreplicated_until.load(Ordering::Relaxed) {
+            crate::metrics::record_unreplicated();
+            return Ok(());
+        }
+        let acked = self.run(self.conn.wait_replicas(&self.keys(event).key("seq"), replicas, timeout)).await?;
+        if acked < replicas {
+            self.unreplicated_until.store(now + UNREPLICATED_PAUSE_MS, Ordering::Relaxed);
+            crate::metrics::record_unreplicated();
+            tracing::warn!(
+                event,
+                acked,
+                replicas,
+                "a queue write reached fewer replicas than asked; not waiting for a second"
+            );
+        }
+        Ok(())
+    }
+
     fn script<'a>(&self, script: &'a Script, event: i64) -> redis::ScriptInvocation<'a> {
         let mut inv = script.prepare_invoke();
         for key in self.keys(event).all() {
@@ -343,14 +409,18 @@ impl QueueStore {
         inv.arg(account);
         let mut conn = self.conn.clone();
         let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
-        Ok(match p.first().map(String::as_str) {
+        let joined = match p.first().map(String::as_str) {
             Some("unknown") => Joined::Unknown,
             Some("closed") => Joined::Closed(p.get(1).and_then(|s| QueueState::parse(s)).unwrap_or(QueueState::Closed)),
             Some("opening") => Joined::Opening,
             Some("pre") => Joined::Prequeue { count: number(&p, 1)? },
             Some("place") => Joined::Place { place: number(&p, 1)?, head: number(&p, 2)?, fresh: number(&p, 3)? == 1 },
             _ => return Err(StoreError::Reply(p.join(" "))),
-        })
+        };
+        if matches!(joined, Joined::Prequeue { .. } | Joined::Place { fresh: true, .. }) {
+            self.replicate(event).await?;
+        }
+        Ok(joined)
     }
 
     /// One admission step (`lua/queue_admit.lua`).
@@ -359,7 +429,7 @@ impl QueueStore {
         inv.arg(max_walk).arg(burst.as_millis() as u64);
         let mut conn = self.conn.clone();
         let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
-        Ok(match p.first().map(String::as_str) {
+        let stepped = match p.first().map(String::as_str) {
             Some("idle") => Stepped::Idle,
             Some("opening") => Stepped::Opening,
             Some("stepped") => Stepped::Moved {
@@ -369,7 +439,11 @@ impl QueueStore {
                 skipped: number(&p, 4)?,
             },
             _ => return Err(StoreError::Reply(p.join(" "))),
-        })
+        };
+        if matches!(stepped, Stepped::Moved { admitted, skipped, .. } if admitted + skipped > 0) {
+            self.replicate(event).await?;
+        }
+        Ok(stepped)
     }
 
     /// Changes the state, drawing the pre-queue when it opens (`lua/queue_set_state.lua`).
@@ -385,13 +459,17 @@ impl QueueStore {
         let mut conn = self.conn.clone();
         let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
         let state_of = |p: &[String]| p.get(1).cloned().unwrap_or_default();
-        Ok(match p.first().map(String::as_str) {
+        let change = match p.first().map(String::as_str) {
             Some("unknown") => StateChange::Unknown,
             Some("changed") => StateChange::Changed(state_of(&p)),
             Some("refused") => StateChange::Refused(state_of(&p)),
             Some("ok") => StateChange::Done { drawn: number(&p, 2)? },
             _ => return Err(StoreError::Reply(p.join(" "))),
-        })
+        };
+        if matches!(change, StateChange::Done { .. }) {
+            self.replicate(event).await?;
+        }
+        Ok(change)
     }
 
     /// Records that these accounts polled (`lua/queue_touch.lua`).
@@ -545,6 +623,7 @@ impl QueueStore {
             pipe.hincr(&settings_key, "version", 1).ignore();
         }
         let () = self.run(pipe.query_async(&mut conn)).await?;
+        self.replicate(event).await?;
         self.list_room(event).await?;
         let change = match patch.state {
             Some(state) => Some(self.set_state(event, state, seed, None).await?),
@@ -566,6 +645,7 @@ impl QueueStore {
             pipe.hset_nx(&settings_key, field, value).ignore();
         }
         let () = self.run(pipe.query_async(&mut conn)).await?;
+        self.replicate(event).await?;
         self.list_room(event).await
     }
 

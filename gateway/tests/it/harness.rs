@@ -180,6 +180,10 @@ impl GatewayProcess {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
+        // On a cluster (a replica per master), queue writes wait for the replica, as the stack runs them there.
+        if node.redis_url.starts_with("redis+cluster://") {
+            args.push(("--redis-wait-replicas".to_owned(), "1".to_owned()));
+        }
         for (name, value) in &node.args {
             match args.iter_mut().find(|(k, _)| k == name) {
                 Some(slot) => slot.1 = value.clone(),

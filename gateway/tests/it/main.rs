@@ -6,4 +6,5 @@ mod harness;
 mod limits;
 mod proxy;
 mod queue;
+mod replication;
 mod seatmap;
