@@ -359,7 +359,7 @@ async fn measure(args: &BenchArgs, scratch: &Scratch<'_>, work: &std::path::Path
     // Phase 2: the same script straight at Redis.
     eprintln!("bench: redis-benchmark EVALSHA of lua/acquire_hold.lua");
     let cpu = CpuMeter::start(None);
-    let per_second = redis_benchmark(args).await?;
+    let per_second = redis_benchmark(args, event, tag).await?;
     let mut evalsha = Figure::new("raw redis-benchmark EVALSHA acquire_hold.lua");
     evalsha.add(args, per_second * args.seconds as f64, cpu, None, format!("redis-benchmark -c{}", args.connections));
 
@@ -651,41 +651,46 @@ fn field(out: &str, name: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("no {name} in wrk output: {out}"))
 }
 
-fn redis_port(args: &BenchArgs) -> anyhow::Result<(String, u16)> {
-    let url = args.redis_url.expose_secret();
-    let rest = url.strip_prefix("redis://").context("REDIS_URL must be redis://host:port/")?;
-    let hostport = rest.split(['/', '?']).next().unwrap_or(rest);
-    let hostport = hostport.rsplit('@').next().unwrap_or(hostport);
-    let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "6379"));
-    Ok((host.to_owned(), port.parse().context("REDIS_URL port")?))
-}
-
 /// redis-benchmark sending EVALSHA of the acquire script with fresh random keys per call (so, like the holds
-/// through booking, almost every call grants), against a scratch database that is flushed afterwards.
-async fn redis_benchmark(args: &BenchArgs) -> anyhow::Result<f64> {
-    let (host, port) = redis_port(args)?;
-    let client = redis::Client::open(args.redis_url.expose_secret())?;
+/// through booking, almost every call grants). On a single server it works in a scratch database, flushed
+/// afterwards. On a cluster it goes straight to the master serving the bench event's slot, the one booking's
+/// holds reach, with keys under the run's prefix and the event's hash tag (deleted by the cleanup):
+/// `redis-benchmark --cluster` would spread the keys over every master, which no single event's holds do.
+async fn redis_benchmark(args: &BenchArgs, event: EventId, tag: &str) -> anyhow::Result<f64> {
+    let target = redisconn::Target::parse(args.redis_url.expose_secret()).context("REDIS_URL")?;
+    let cluster = target.is_cluster();
+    let keys = if cluster { format!("bench-{tag}:{{ev{}}}", event.0) } else { "bench:{evB}".to_owned() };
+    let (addr, _) = target.serving(&keys).await.context("finding the server that holds the bench's keys")?;
+    let node = target.node(&addr)?;
+    let (host, port) = addr.rsplit_once(':').context("host:port")?;
     // redis-benchmark takes a password only on its command line (`-a`): a local benchmark's scratch Redis.
+    let redisconn::Target::Single(client) = &node else { bail!("a node is a single server") };
     let auth: Vec<String> = match client.get_connection_info().redis_settings().password() {
         Some(password) => vec!["--no-auth-warning".into(), "-a".into(), password.to_owned()],
         None => Vec::new(),
     };
-    let mut conn = client.get_multiplexed_async_connection().await?;
+    let mut conn = node.connected(redisconn::Options::default()).await?;
     let source = booking::store::holds::sources::ACQUIRE_HOLD;
     let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(source).query_async(&mut conn).await?;
     let requests = (args.seconds * 40_000).to_string();
+    let db: &[&str] = if cluster { &[] } else { &["--dbnum", "9"] };
+    let key = |name: &str| format!("{keys}:{name}");
     let out = Command::new("redis-benchmark")
         .args(&auth)
-        .args(["-h", &host, "-p", &port.to_string(), "-c", &args.connections.to_string(), "-n", &requests])
-        .args(["-r", "1000000000", "--dbnum", "9", "-q"])
+        .args(["-h", host, "-p", port, "-c", &args.connections.to_string(), "-n", &requests])
+        .args(["-r", "1000000000", "-q"])
+        .args(db)
         .args(["EVALSHA", &sha, "7"])
-        .args(["bench:{evB}:token:__rand_int__", "bench:{evB}:account:__rand_int__", "bench:{evB}:version"])
-        .args(["bench:{evB}:log", "bench:{evB}:lapses", "bench:{evB}:taken"])
-        .args(["bench:{evB}:seat:__rand_int__", "token", "account", "600000", "8", "3600000", "1", "", "1"])
+        .args([key("token:__rand_int__"), key("account:__rand_int__"), key("version")])
+        .args([key("log"), key("lapses"), key("taken")])
+        .args([key("seat:__rand_int__")])
+        .args(["token", "account", "600000", "8", "3600000", "1", "", "1"])
         .output()
         .context("running redis-benchmark")?;
-    let _: () = redis::cmd("SELECT").arg(9).query_async(&mut conn).await?;
-    let _: () = redis::cmd("FLUSHDB").arg("ASYNC").query_async(&mut conn).await?;
+    if !cluster {
+        let _: () = redis::cmd("SELECT").arg(9).query_async(&mut conn).await?;
+        let _: () = redis::cmd("FLUSHDB").arg("ASYNC").query_async(&mut conn).await?;
+    }
     let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
     text.lines()
         .filter_map(|l| l.split_once(": ").map(|(_, r)| r))
@@ -796,9 +801,20 @@ async fn cleanup(admin: &PgPool, args: &BenchArgs, schema: &str, tag: &str) {
     if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE"))).execute(admin).await {
         eprintln!("bench: could not drop the scratch schema {schema}: {e}");
     }
-    if let Ok(client) = redis::Client::open(args.redis_url.expose_secret())
-        && let Ok(mut conn) = client.get_multiplexed_async_connection().await
-    {
+    let Ok(target) = redisconn::Target::parse(args.redis_url.expose_secret()) else { return };
+    let Ok(mut conn) = target.connected(redisconn::Options::default()).await else {
+        eprintln!("bench: could not reach Redis to delete the keys under {prefix}");
+        return;
+    };
+    if target.is_cluster() {
+        // The client sends KEYS to every master (its SCAN would reach one node only) and splits an UNLINK by
+        // slot. The bench's own cluster run on a scratch prefix: the pause of a KEYS there is the bench's own.
+        let keys: Vec<String> =
+            redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.unwrap_or_default();
+        for chunk in keys.chunks(10_000) {
+            let _: redis::RedisResult<()> = redis::cmd("UNLINK").arg(chunk).query_async(&mut conn).await;
+        }
+    } else {
         let mut cursor: u64 = 0;
         loop {
             let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
