@@ -19,6 +19,7 @@
 --  15 shuffle (hash)      <p>queue:{evE}:shuffle   seed, count, base, at_ms of the pre-queue draw
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     account id
+-- ARGV[2]     the highest place the calling node knows was given out (0: none): a new place is above it
 -- Returns     {"unknown"}                       no waiting room is configured for this event
 --             {"closed", state}                 the queue takes nobody (state closed or sold_out)
 --             {"opening"}                       the pre-queue's opening time has passed: open it, then join again
@@ -64,6 +65,13 @@ if place > 0 then
   end
 end
 place = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[2] or '0') or 0
+if place <= floor then
+  -- The counter is behind a place already given out: Redis lost writes (a failover, a restart, a flush). Go on
+  -- from beyond it, so that nobody joining now is put ahead of a fan who holds a later place.
+  place = floor + 1
+  redis.call('SET', KEYS[2], place)
+end
 redis.call('HSET', KEYS[4], account, place)
 redis.call('HSET', KEYS[5], place, account)
 redis.call('HSET', KEYS[6], account, now)

@@ -53,7 +53,9 @@ pub fn record_rate_limited(limit: &'static str) {
     metrics::counter!("gateway_rate_limited_total", "limit" => limit).increment(1);
 }
 
-/// One queue write answered without the replicas `GATEWAY_REDIS_WAIT_REPLICAS` asks for (a failover may lose it).
-pub fn record_unreplicated() {
-    metrics::counter!("waiting_room_unreplicated_writes_total").increment(1);
+/// One queue write the replicas `GATEWAY_REDIS_WAIT_REPLICAS` asks for did not acknowledge in time: a join
+/// refused with a 503 (`refused`), or an admission step or a room's settings left on the master alone.
+pub fn record_unreplicated(refused: bool) {
+    let outcome = if refused { "refused" } else { "unreplicated" };
+    metrics::counter!("waiting_room_unreplicated_writes_total", "outcome" => outcome).increment(1);
 }

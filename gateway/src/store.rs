@@ -24,6 +24,8 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("unexpected reply from redis: {0}")]
     Reply(String),
+    #[error("{acked} of the {wanted} replicas asked for acknowledged the write in time")]
+    Unreplicated { acked: u32, wanted: u32 },
 }
 
 /// Builds every key of one event's queue. The prefix namespaces a deployment (or a test) and never contains a
@@ -370,29 +372,30 @@ impl QueueStore {
 
     /// After a write to `event`'s room that must survive a failover: waits until the configured replicas of
     /// the room's master hold it (see [`Replication`]). A wait that comes back short is counted and logged,
-    /// and writes stop waiting for a second: the write stands on the master alone, as it would without waits.
-    async fn replicate(&self, event: i64) -> Result<(), StoreError> {
+    /// and for a second no write waits (a replica is missing: each wait would hold the shared connection for
+    /// the whole timeout). Then a `strict` write is refused (`Unreplicated`: its caller answers 503, and the
+    /// fan's retry finds the write in place), and any other stands on the master alone.
+    async fn replicate(&self, event: i64, strict: bool) -> Result<(), StoreError> {
         let Replication { replicas, timeout } = self.replication;
         if replicas == 0 {
             return Ok(());
         }
         let now = self.epoch.elapsed().as_millis() as u64;
-        if now < self.unreplicated_until.load(Ordering::Relaxed) {
-            crate::metrics::record_unreplicated();
+        let acked = if now < self.unreplicated_until.load(Ordering::Relaxed) {
+            0
+        } else {
+            let acked = self.run(self.conn.wait_replicas(&self.keys(event).key("seq"), replicas, timeout)).await?;
+            if acked < replicas {
+                self.unreplicated_until.store(now + UNREPLICATED_PAUSE_MS, Ordering::Relaxed);
+                tracing::warn!(event, acked, replicas, "a queue write reached fewer replicas than asked");
+            }
+            acked
+        };
+        if acked >= replicas {
             return Ok(());
         }
-        let acked = self.run(self.conn.wait_replicas(&self.keys(event).key("seq"), replicas, timeout)).await?;
-        if acked < replicas {
-            self.unreplicated_until.store(now + UNREPLICATED_PAUSE_MS, Ordering::Relaxed);
-            crate::metrics::record_unreplicated();
-            tracing::warn!(
-                event,
-                acked,
-                replicas,
-                "a queue write reached fewer replicas than asked; not waiting for a second"
-            );
-        }
-        Ok(())
+        crate::metrics::record_unreplicated(strict);
+        if strict { Err(StoreError::Unreplicated { acked, wanted: replicas }) } else { Ok(()) }
     }
 
     fn script<'a>(&self, script: &'a Script, event: i64) -> redis::ScriptInvocation<'a> {
@@ -403,10 +406,11 @@ impl QueueStore {
         inv
     }
 
-    /// Gives `account` its place in `event`'s queue (`lua/queue_join.lua`).
-    pub async fn join(&self, event: i64, account: &str) -> Result<Joined, StoreError> {
+    /// Gives `account` its place in `event`'s queue (`lua/queue_join.lua`), above `floor`, the highest place
+    /// this node knows was given out. A place is answered only once the replicas asked for hold it.
+    pub async fn join(&self, event: i64, account: &str, floor: u64) -> Result<Joined, StoreError> {
         let mut inv = self.script(&self.scripts.join, event);
-        inv.arg(account);
+        inv.arg(account).arg(floor);
         let mut conn = self.conn.clone();
         let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
         let joined = match p.first().map(String::as_str) {
@@ -417,8 +421,9 @@ impl QueueStore {
             Some("place") => Joined::Place { place: number(&p, 1)?, head: number(&p, 2)?, fresh: number(&p, 3)? == 1 },
             _ => return Err(StoreError::Reply(p.join(" "))),
         };
-        if matches!(joined, Joined::Prequeue { .. } | Joined::Place { fresh: true, .. }) {
-            self.replicate(event).await?;
+        // A place given earlier is waited for too: the answer that gave it may have been refused unreplicated.
+        if matches!(joined, Joined::Prequeue { .. } | Joined::Place { .. }) {
+            self.replicate(event, true).await?;
         }
         Ok(joined)
     }
@@ -441,7 +446,7 @@ impl QueueStore {
             _ => return Err(StoreError::Reply(p.join(" "))),
         };
         if matches!(stepped, Stepped::Moved { admitted, skipped, .. } if admitted + skipped > 0) {
-            self.replicate(event).await?;
+            self.replicate(event, false).await?;
         }
         Ok(stepped)
     }
@@ -467,7 +472,7 @@ impl QueueStore {
             _ => return Err(StoreError::Reply(p.join(" "))),
         };
         if matches!(change, StateChange::Done { .. }) {
-            self.replicate(event).await?;
+            self.replicate(event, false).await?;
         }
         Ok(change)
     }
@@ -623,7 +628,7 @@ impl QueueStore {
             pipe.hincr(&settings_key, "version", 1).ignore();
         }
         let () = self.run(pipe.query_async(&mut conn)).await?;
-        self.replicate(event).await?;
+        self.replicate(event, false).await?;
         self.list_room(event).await?;
         let change = match patch.state {
             Some(state) => Some(self.set_state(event, state, seed, None).await?),
@@ -645,7 +650,7 @@ impl QueueStore {
             pipe.hset_nx(&settings_key, field, value).ignore();
         }
         let () = self.run(pipe.query_async(&mut conn)).await?;
-        self.replicate(event).await?;
+        self.replicate(event, false).await?;
         self.list_room(event).await
     }
 

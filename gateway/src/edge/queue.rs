@@ -164,7 +164,7 @@ impl Queue {
             Err(e) => return Reply::error(401, "account_invalid", &format!("the account token is not valid: {e}")),
         };
         let Ok(store) = self.store.get() else { return Reply::unavailable() };
-        let mut joined = store.join(event, account.as_str()).await;
+        let mut joined = store.join(event, account.as_str(), self.rooms.floor(event)).await;
         if matches!(joined, Ok(Joined::Opening)) {
             // The pre-queue's opening time has passed and no ticker has opened it yet: open it (the script
             // does nothing if another node just did), then join as a live fan.
@@ -172,7 +172,7 @@ impl Queue {
             if store.set_state(event, QueueState::Open, seed, Some(QueueState::Prequeue)).await.is_err() {
                 return Reply::unavailable();
             }
-            joined = store.join(event, account.as_str()).await;
+            joined = store.join(event, account.as_str(), self.rooms.floor(event)).await;
         }
         let joined = match joined {
             Ok(joined) => joined,
@@ -192,6 +192,7 @@ impl Queue {
                 self.with_ticket(self.prequeue_body(event, count, opens_at_ms), event, &ticket).into()
             }
             Joined::Place { place, head, fresh } => {
+                self.rooms.gave(event, place);
                 let ticket = self.ticket(&account, event, place);
                 let answer = self.placed_body(store, event, &account, place, head, fresh).await;
                 answer.map_or_else(|refusal| refusal, |a| self.with_ticket(a, event, &ticket).into())

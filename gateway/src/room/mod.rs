@@ -362,9 +362,26 @@ pub struct Rooms {
     /// When the list of rooms was last read from Redis.
     listed_at: RwLock<Option<Instant>>,
     seen: Mutex<HashMap<i64, HashSet<String>>>,
+    /// The highest place this node knows was given out in each queue: in a view of the room it read, or by
+    /// itself. It only grows, whatever Redis forgets.
+    given: Mutex<HashMap<i64, u64>>,
 }
 
 impl Rooms {
+    /// The highest place this node knows was given out in `event`'s queue, in any view of the room it read or
+    /// by itself. A new place goes above it, however far behind Redis's counter may have fallen.
+    pub fn floor(&self, event: i64) -> u64 {
+        self.given.lock().ok().and_then(|g| g.get(&event).copied()).unwrap_or(0)
+    }
+
+    /// Notes a place given out (by this node, or as a view of the room says).
+    pub fn gave(&self, event: i64, place: u64) {
+        if let Ok(mut given) = self.given.lock() {
+            let highest = given.entry(event).or_default();
+            *highest = (*highest).max(place);
+        }
+    }
+
     pub fn get(&self, event: i64) -> Option<Arc<Room>> {
         self.rooms.read().ok()?.get(&event).cloned()
     }
@@ -381,6 +398,7 @@ impl Rooms {
 
     /// Replaces the view of a room, unless the one held is newer (a join's refresh can race the ticker's).
     pub fn put(&self, event: i64, room: Room) {
+        self.gave(event, room.live.counts.seq);
         if let Ok(mut rooms) = self.rooms.write() {
             if rooms.get(&event).is_some_and(|held| held.live.redis_ms > room.live.redis_ms) {
                 return;

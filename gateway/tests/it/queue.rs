@@ -656,6 +656,35 @@ async fn while_every_seat_left_is_held_nobody_is_admitted_and_waiting_fans_are_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_place_lost_with_redis_is_never_given_again_ahead_of_its_holder() {
+    let (upstream, a, b, p) = two_nodes().await;
+    let event = 231;
+    a.configure(event, json!({"state": "paused"})).await;
+    let mut held = Vec::new();
+    for i in 0..3 {
+        held.push(a.join(event, &format!("fan-held-{i}")).await.place());
+    }
+    assert_eq!(held, [1, 2, 3]);
+    // The other node has only seen the places in its view of the room.
+    wait_until(&b, event, Duration::from_secs(5), |r| r["live"]["places_given"] == 3).await;
+    // Redis forgets the queue's counter and places (a failover to a replica that lagged, a restart from an
+    // append-only file a second old), and both nodes' views catch up with that.
+    let mut conn = redis().await;
+    for name in ["seq", "places", "who", "joined"] {
+        let _: i64 = redis::cmd("DEL").arg(key(&p, event, name)).query_async(&mut conn).await.expect("DEL");
+    }
+    for node in [&a, &b] {
+        wait_until(node, event, Duration::from_secs(5), |r| r["live"]["places_given"] == 0).await;
+    }
+    // Fans who join now, through either node, come after every place already given out.
+    let late = join_all([b.join(event, "fan-late-b"), a.join(event, "fan-late-a")]).await;
+    let mut places: Vec<u64> = late.iter().map(Reply::place).collect();
+    places.sort_unstable();
+    assert_eq!(places, [4, 5], "the places given after the loss");
+    upstream.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_room_redis_lost_is_restored_from_the_nodes_view_and_takes_fans_again() {
     let upstream = Upstream::start().await;
     let prefix = prefix();

@@ -1,6 +1,7 @@
 //! Queue writes that wait for a replica (`--redis-wait-replicas`), on the stack's Redis Cluster whatever
 //! `REDIS_URL` says: a place is answered only once the replica of the room's master holds it, so a failover to
-//! that replica keeps it; a missing replica costs one bounded wait, not one per write.
+//! that replica keeps it; a missing replica costs one bounded wait a second, and the joins meanwhile are
+//! refused with a 503 the fan retries.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -51,14 +52,11 @@ impl Drop for Stopped {
     }
 }
 
-/// The gateway's count of queue writes answered without their replica.
-async fn unreplicated(gw: &GatewayProcess) -> u64 {
+/// The gateway's count of queue writes its replica did not acknowledge in time, with `outcome`.
+async fn unreplicated(gw: &GatewayProcess, outcome: &str) -> u64 {
     let metrics = gw.send(gw.client.get(format!("{}/metrics", gw.admin))).await;
-    metrics
-        .text
-        .lines()
-        .find_map(|l| l.strip_prefix("waiting_room_unreplicated_writes_total "))
-        .map_or(0, |v| v.trim().parse().expect("a count"))
+    let line = format!("waiting_room_unreplicated_writes_total{{outcome=\"{outcome}\"}} ");
+    metrics.text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |v| v.trim().parse().expect("a count"))
 }
 
 /// One gateway on the cluster whose queue writes wait up to `wait_ms` for one replica, and an open room.
@@ -77,7 +75,7 @@ async fn room_on_cluster(event: i64, wait_ms: u64) -> (Upstream, GatewayProcess,
 // One test, in two halves, because each stops a replica of the shared cluster: run side by side, one could
 // wake the replica the other needs stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_place_is_answered_once_the_replica_holds_it_and_a_missing_replica_costs_one_bounded_wait() {
+async fn a_place_is_answered_once_the_replica_holds_it_and_without_one_the_join_is_refused_after_one_wait() {
     // The replica stopped for less than the wait: the join is answered once it is back, not before.
     let event = 8101;
     let (upstream, gw, replica) = room_on_cluster(event, 3000).await;
@@ -94,11 +92,12 @@ async fn a_place_is_answered_once_the_replica_holds_it_and_a_missing_replica_cos
     drop(resume.await.expect("resumed"));
     assert_eq!(joined.status, 200, "{}", joined.text);
     assert!(took >= paused - Duration::from_millis(100), "answered after {took:?}, before the replica was back");
-    assert_eq!(unreplicated(&gw).await, 0, "the wait was long enough");
+    assert_eq!(unreplicated(&gw, "refused").await, 0, "the wait was long enough");
     upstream.stop().await;
 
-    // The replica stopped for longer than the wait: the first join waits it out and is answered anyway, the next
-    // does not wait again, and both are counted.
+    // The replica stopped for longer than the wait: the join is refused (503) once the wait is over, the next
+    // one at once, without waiting again; once the replica is back, joining again gives the place the first
+    // refusal left pending.
     let event = 8102;
     let wait = Duration::from_millis(800);
     let (upstream, gw, replica) = room_on_cluster(event, wait.as_millis() as u64).await;
@@ -110,10 +109,24 @@ async fn a_place_is_answered_once_the_replica_holds_it_and_a_missing_replica_cos
     let second = gw.join(event, "fan-y").await;
     let second_took = started.elapsed();
     drop(stopped);
-    assert_eq!((first.status, second.status), (200, 200), "{} / {}", first.text, second.text);
-    assert_eq!((first.place(), second.place()), (2, 3));
+    for refused in [&first, &second] {
+        assert_eq!((refused.status, refused.code()), (503, "queue_unavailable"), "{}", refused.text);
+        assert!(refused.header("retry-after").is_some(), "a refusal says when to come back");
+    }
     assert!(first_took >= wait, "the first join waited for the replica: {first_took:?}");
     assert!(second_took < wait, "the next one did not wait again: {second_took:?}");
-    assert_eq!(unreplicated(&gw).await, 2, "both answered without their replica");
+    assert_eq!(unreplicated(&gw, "refused").await, 2);
+    // The pause after a short wait is a second; then the replica answers again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        let again = gw.join(event, "fan-x").await;
+        if again.status == 200 || Instant::now() > deadline {
+            break again;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(again.place(), 2, "the place the refused join left pending");
+    assert_eq!(gw.join(event, "fan-y").await.place(), 3);
     upstream.stop().await;
 }
