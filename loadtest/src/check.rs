@@ -8,7 +8,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::run::{Confirmed, Summary};
+use crate::run::{Confirmed, Summary, Turn, TurnOutcome};
 
 /// Where to look.
 pub struct Target<'a> {
@@ -46,14 +46,32 @@ pub async fn run(target: &Target<'_>) -> anyhow::Result<()> {
         totals_match_allocation_prices(&pool, target.event).await?,
         no_held_back_seat_sold(&pool, target.event).await?,
     ];
+    let turns = read_lines::<Turn>(&target.out.join("turns.jsonl"))?;
+    verdicts.push(places_given_once(&turns));
+    verdicts.push(nobody_behind_a_later_joiner(&turns));
+    verdicts.push(every_waiting_fan_admitted(&turns, target.chaos));
+    let rate = room_rate(target).await?;
+    let overshoot = rate.map(|rate| admission_overshoot(&turns, rate, admit_burst(rate)));
     if target.chaos {
         verdicts.push(only_unavailable_with_retry_after(&summary));
         verdicts.push(every_change_on_the_stream_once(target, &pool).await?);
+        // Redis's own record of the steps may be lost with its data: the fans' proofs say when each came in.
+        verdicts.push(match (rate, overshoot) {
+            (Some(rate), Some(over)) => Verdict {
+                name: "admissions within the rate (one burst more after a fault)",
+                problems: (over > admit_burst(rate))
+                    .then(|| format!("{over:.1} fans admitted above the rate line and its burst"))
+                    .into_iter()
+                    .collect(),
+                lost: false,
+            },
+            _ => Verdict { name: "admissions within the rate", problems: vec!["no room".into()], lost: false },
+        });
     } else {
         verdicts.push(no_server_errors(&summary));
         verdicts.push(admissions_within_bounds(target).await?);
     }
-    write_record(target.out, &summary, &verdicts)?;
+    write_record(target.out, &summary, &verdicts, &turns, overshoot)?;
     let mut failed = 0;
     for v in &verdicts {
         if v.problems.is_empty() {
@@ -75,6 +93,10 @@ pub async fn run(target: &Target<'_>) -> anyhow::Result<()> {
 }
 
 fn read_confirmed(path: &Path) -> anyhow::Result<Vec<Confirmed>> {
+    read_lines(path)
+}
+
+fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Vec<T>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
         .filter(|l| !l.trim().is_empty())
@@ -307,14 +329,26 @@ async fn redis_conn(url: &str) -> anyhow::Result<redisconn::Conn> {
 const STREAM_PAGE: usize = 1000;
 
 /// `check.json`: the run's 5xx and 503 counts and how many items were lost, for `deploy/chaos`'s table.
-fn write_record(out: &Path, summary: &Summary, verdicts: &[Verdict]) -> anyhow::Result<()> {
+fn write_record(
+    out: &Path,
+    summary: &Summary,
+    verdicts: &[Verdict],
+    turns: &[Turn],
+    overshoot: Option<f64>,
+) -> anyhow::Result<()> {
     let server_errors: u64 = summary.statuses.iter().filter(|(k, _)| is_server_error(k)).map(|(_, n)| n).sum();
     let unavailable: u64 =
         summary.statuses.iter().filter(|(k, _)| k.ends_with(" 503") && !is_server_error(k)).map(|(_, n)| n).sum();
     let lost: usize = verdicts.iter().filter(|v| v.lost).map(|v| v.problems.len()).sum();
     let failed: Vec<&str> = verdicts.iter().filter(|v| !v.problems.is_empty()).map(|v| v.name).collect();
-    let record =
-        serde_json::json!({"server_errors": server_errors, "unavailable": unavailable, "lost": lost, "failed": failed});
+    let record = serde_json::json!({
+        "server_errors": server_errors,
+        "unavailable": unavailable,
+        "lost": lost,
+        "failed": failed,
+        "places_given_twice": places_given_twice(turns).len(),
+        "admission_overshoot": overshoot,
+    });
     std::fs::write(out.join("check.json"), record.to_string()).context("writing check.json")
 }
 
@@ -367,9 +401,155 @@ async fn admissions_within_bounds(target: &Target<'_>) -> anyhow::Result<Verdict
     Ok(Verdict { name: "admissions within the rate and max_active", problems, lost: false })
 }
 
+/// The places the fans' tickets carried that more than one fan got (each such fan is let in beside another,
+/// beyond the rate). Pre-queue tickets (place 0) are left out: their places are drawn later.
+fn places_given_twice(turns: &[Turn]) -> Vec<(u64, Vec<&str>)> {
+    let mut by_place: HashMap<u64, Vec<&str>> = HashMap::new();
+    for t in turns.iter().filter(|t| t.place > 0) {
+        by_place.entry(t.place).or_default().push(&t.account);
+    }
+    let mut twice: Vec<(u64, Vec<&str>)> = by_place.into_iter().filter(|(_, fans)| fans.len() > 1).collect();
+    twice.sort_unstable();
+    twice
+}
+
+fn places_given_once(turns: &[Turn]) -> Verdict {
+    let problems = places_given_twice(turns)
+        .into_iter()
+        .map(|(place, fans)| format!("place {place} was given to {}", fans.join(", ")))
+        .collect();
+    Verdict { name: "each place in the queue given to one fan", problems, lost: false }
+}
+
+/// A fan whose join was answered before another fan's join was sent holds an earlier place than that fan:
+/// nobody is put behind someone who joined after them (a place lost with Redis's data and given out again would
+/// be).
+fn nobody_behind_a_later_joiner(turns: &[Turn]) -> Verdict {
+    let mut answered: Vec<&Turn> = turns.iter().filter(|t| t.place > 0).collect();
+    answered.sort_by_key(|t| t.join_answered_ms);
+    let mut asked: Vec<&Turn> = answered.clone();
+    asked.sort_by_key(|t| t.join_sent_ms);
+    let mut problems = Vec::new();
+    let mut earliest: Option<&Turn> = None;
+    let mut i = 0;
+    for later in asked {
+        while i < answered.len() && answered[i].join_answered_ms < later.join_sent_ms {
+            if earliest.is_none_or(|e| answered[i].place > e.place) {
+                earliest = Some(answered[i]);
+            }
+            i += 1;
+        }
+        if let Some(first) = earliest.filter(|e| e.place > later.place) {
+            problems.push(format!(
+                "{} was given place {} at {} ms, yet {}, who joined at {} ms, got place {}",
+                first.account, first.place, first.join_answered_ms, later.account, later.join_sent_ms, later.place
+            ));
+        }
+    }
+    Verdict { name: "nobody put behind a fan who joined after them", problems, lost: true }
+}
+
+/// Every fan that joined and kept polling was let in, or told the event sold out: none was told its place
+/// lapsed (409) while it polled; in a run with faults, none was still waiting at the end either (such a run's
+/// queue is short, so only a lost place keeps a fan waiting).
+fn every_waiting_fan_admitted(turns: &[Turn], chaos: bool) -> Verdict {
+    let problems = turns
+        .iter()
+        .filter(|t| t.outcome == TurnOutcome::Lapsed || (chaos && t.outcome == TurnOutcome::TimedOut))
+        .map(|t| format!("{} (place {}) ended its wait {:?}", t.account, t.place, t.outcome))
+        .collect();
+    Verdict { name: "every fan that kept its place was let in", problems, lost: true }
+}
+
+/// The room's admission rate, fans a minute, as Redis holds it now.
+async fn room_rate(target: &Target<'_>) -> anyhow::Result<Option<f64>> {
+    let mut conn = redis_conn(target.redis_url).await?;
+    let key = format!("{}queue:{{ev{}}}:settings", target.redis_key_prefix, target.event);
+    let rate: Option<String> =
+        redis::cmd("HGET").arg(key).arg("admit_per_minute").query_async(&mut conn).await.context("room rate")?;
+    Ok(rate.and_then(|r| r.parse().ok()))
+}
+
+/// The gateway's burst: 500 ms of the rate, at least one fan.
+fn admit_burst(rate: f64) -> f64 {
+    (rate * 500.0 / 60_000.0).max(1.0)
+}
+
+/// How many fans, at the worst moment, were let in above the rate line and its burst, by the admission times
+/// their proofs carry (whole seconds: a fan admitted in second T came in before T + 1, so the line is drawn to
+/// there, which never counts a fan early). 0 when the room kept its rate.
+fn admission_overshoot(turns: &[Turn], rate: f64, burst: f64) -> f64 {
+    let mut at: Vec<u64> = turns.iter().filter_map(|t| t.admitted_at).collect();
+    at.sort_unstable();
+    let Some(&first) = at.first() else { return 0.0 };
+    let mut worst = 0.0f64;
+    for (i, &second) in at.iter().enumerate() {
+        if at.get(i + 1) == Some(&second) {
+            continue;
+        }
+        let line = rate * (second + 1 - first) as f64 / 60.0 + burst;
+        worst = worst.max((i + 1) as f64 - line);
+    }
+    worst
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn turn(account: &str, place: u64, sent: u64, answered: u64) -> Turn {
+        Turn {
+            account: account.into(),
+            place,
+            join_sent_ms: sent,
+            join_answered_ms: answered,
+            admitted_at: None,
+            outcome: TurnOutcome::Admitted,
+        }
+    }
+
+    #[test]
+    fn a_fan_who_joined_later_with_an_earlier_place_is_found_and_overlapping_joins_are_not() {
+        // a and b overlap (either order is fair); c asked after a was answered, yet got a's place minus one.
+        let turns =
+            [turn("a", 2, 0, 10), turn("b", 1, 5, 12), turn("c", 1, 20, 25), turn("d", 3, 30, 31), turn("e", 0, 1, 2)];
+        let v = nobody_behind_a_later_joiner(&turns);
+        assert_eq!(v.problems.len(), 1, "{:?}", v.problems);
+        assert!(v.problems[0].starts_with("a was given place 2") && v.problems[0].contains("c, who joined"));
+        assert!(
+            nobody_behind_a_later_joiner(&[turns[0].clone(), turns[1].clone(), turns[3].clone()]).problems.is_empty()
+        );
+        assert_eq!(places_given_twice(&turns), vec![(1, vec!["b", "c"])]);
+    }
+
+    #[test]
+    fn a_lapsed_fan_fails_always_and_a_waiting_one_only_in_a_run_with_faults() {
+        let mut turns = vec![turn("a", 1, 0, 1), turn("b", 2, 0, 1)];
+        turns[1].outcome = TurnOutcome::TimedOut;
+        assert!(every_waiting_fan_admitted(&turns, false).problems.is_empty());
+        assert_eq!(every_waiting_fan_admitted(&turns, true).problems.len(), 1);
+        turns[1].outcome = TurnOutcome::Lapsed;
+        assert_eq!(every_waiting_fan_admitted(&turns, false).problems.len(), 1);
+    }
+
+    #[test]
+    fn admissions_above_the_rate_line_are_counted_by_whole_seconds() {
+        let admitted = |seconds: &[u64]| -> Vec<Turn> {
+            seconds
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| Turn { admitted_at: Some(s), ..turn(&format!("f{i}"), i as u64 + 1, 0, 1) })
+                .collect()
+        };
+        // 60 a minute is one a second; a burst of 2.
+        assert_eq!(admission_overshoot(&admitted(&[100, 100, 100, 101, 102]), 60.0, 2.0), 0.0);
+        assert_eq!(admission_overshoot(&admitted(&[100, 100, 100, 100, 101]), 60.0, 2.0), 1.0);
+        assert_eq!(
+            admission_overshoot(&admitted(&[100, 101, 105, 105, 105, 105, 105, 105, 105, 105, 105]), 60.0, 2.0),
+            3.0
+        );
+        assert_eq!(admission_overshoot(&[], 60.0, 2.0), 0.0);
+    }
 
     #[test]
     fn only_a_503_with_retry_after_is_not_a_server_error() {

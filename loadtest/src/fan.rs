@@ -1,6 +1,6 @@
-//! One fan's journey, as a goose transaction: join the queue, poll at the server's pace until admitted, load
-//! the event and the seat map's status (the live map, `crate::map`, keeps it current as the page's stream
-//! does), hold seats the map shows free (retrying around the seat a 409 names), check out with an
+//! One fan's journey, as a goose transaction: join the queue (again while the gateway answers 503), poll at
+//! the server's pace until admitted, load the event and the seat map's status (the live map, `crate::map`,
+//! keeps it current as the page's stream does), hold seats the map shows free (retrying around the seat a 409 names), check out with an
 //! Idempotency-Key, and pay (booking opens the payment at the provider; the fan completes it there; the
 //! provider calls booking back, signed). Some fans close the tab while queued, let their hold expire, or never
 //! pay (the order lapses at its deadline).
@@ -18,7 +18,7 @@ use tokens::{AccountClaims, AccountId, unix_now};
 
 use crate::map::LiveMap;
 use crate::picker;
-use crate::run::{Confirmed, Run, Stats};
+use crate::run::{Confirmed, Run, Stats, Turn, TurnOutcome};
 
 /// The run every goose user of this process belongs to.
 pub static RUN: OnceLock<Run> = OnceLock::new();
@@ -94,6 +94,71 @@ fn think(run: &Run) -> Duration {
     Duration::from_millis(if high > low { rand::random_range(low..=high) } else { low })
 }
 
+/// Polls, at the server's pace, until the fan is admitted (its proof) or its wait ends otherwise (None);
+/// `turn` records how and when.
+async fn wait_for_turn(
+    user: &mut GooseUser,
+    run: &Run,
+    fan: &Fan,
+    join: Answer,
+    joined_at: Instant,
+    turn: &mut Turn,
+) -> Result<Option<String>, Box<TransactionError>> {
+    let (s, event) = (&run.settings, run.settings.event);
+    let mut answer = join;
+    let mut ticket = answer.str("ticket").unwrap_or_default();
+    loop {
+        match answer.body["state"].as_str() {
+            Some("admitted") => {
+                let proof = answer.str("admission_token").unwrap_or_default();
+                turn.admitted_at = claim(&proof, "iat");
+                turn.outcome = TurnOutcome::Admitted;
+                return Ok(Some(proof));
+            }
+            Some("sold_out") | Some("closed") => {
+                Stats::add(&run.stats.sold_out_told);
+                turn.outcome = TurnOutcome::Closed;
+                return Ok(None);
+            }
+            _ if answer.status == 409 => {
+                Stats::add(&run.stats.lapsed);
+                turn.outcome = TurnOutcome::Lapsed;
+                return Ok(None);
+            }
+            _ => {}
+        }
+        if joined_at.elapsed() > s.max_wait {
+            Stats::add(&run.stats.timed_out);
+            turn.outcome = TurnOutcome::TimedOut;
+            return Ok(None);
+        }
+        let pause = answer.body["poll_after_ms"].as_u64().unwrap_or(2000);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        answer = send(
+            user,
+            run,
+            "status",
+            GooseMethod::Get,
+            &format!("/queue/{event}/status"),
+            |b| b.bearer_auth(&ticket).header("x-forwarded-for", &fan.ip),
+            &[200],
+        )
+        .await?;
+        if let Some(fresh) = answer.str("ticket") {
+            ticket = fresh;
+        }
+    }
+}
+
+/// A number in a signed token's payload, read without checking the signature (the gateway checks it; the fan
+/// only reads its own place and admission time).
+fn claim(token: &str, name: &str) -> Option<u64> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
+    serde_json::from_slice::<Value>(&bytes).ok()?[name].as_u64()
+}
+
 /// The whole journey of one fan.
 pub async fn journey(user: &mut GooseUser) -> TransactionResult {
     let Some(run) = RUN.get() else { return Ok(()) };
@@ -111,64 +176,51 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
         user.set_base_url(&s.gateways[n % s.gateways.len()])?;
     }
 
-    // Join.
+    // Join; as the page does, again a second or so later while the gateway cannot answer (503, or no answer).
     let joined_at = Instant::now();
-    let join = send(
-        user,
-        run,
-        "join",
-        GooseMethod::Post,
-        &format!("/queue/{event}/join"),
-        |b| b.bearer_auth(&fan.account_token).header("x-forwarded-for", &fan.ip),
-        &[200],
-    )
-    .await?;
+    // A refused join may have left the fan's place pending (the next attempt finds it): the fan's turn counts
+    // from its first attempt.
+    let join_sent_ms = run.started.elapsed().as_millis() as u64;
+    let join = loop {
+        let join = send(
+            user,
+            run,
+            "join",
+            GooseMethod::Post,
+            &format!("/queue/{event}/join"),
+            |b| b.bearer_auth(&fan.account_token).header("x-forwarded-for", &fan.ip),
+            &[200],
+        )
+        .await?;
+        if !matches!(join.status, 0 | 503) || joined_at.elapsed() > s.max_wait {
+            break join;
+        }
+        tokio::time::sleep(Duration::from_millis(rand::random_range(500..=1500))).await;
+    };
     if join.status != 200 {
         return Ok(());
     }
     Stats::add(&run.stats.joined);
+    let mut turn = Turn {
+        account: fan.account.clone(),
+        place: join.str("ticket").and_then(|t| claim(&t, "place")).unwrap_or(0),
+        join_sent_ms,
+        join_answered_ms: run.started.elapsed().as_millis() as u64,
+        admitted_at: None,
+        outcome: TurnOutcome::Failed,
+    };
     if join.body["state"] != "admitted" && rand::random::<f64>() < s.abandon_queue {
         // Closes the tab: never polls again; the gateway must skip it without stalling the queue.
         Stats::add(&run.stats.abandoned_queue);
+        turn.outcome = TurnOutcome::Abandoned;
+        run.stats.turn(turn);
         return Ok(());
     }
 
     // Wait, at the server's pace, until admitted.
-    let mut answer = join;
-    let mut ticket = answer.str("ticket").unwrap_or_default();
-    let proof = loop {
-        match answer.body["state"].as_str() {
-            Some("admitted") => break answer.str("admission_token").unwrap_or_default(),
-            Some("sold_out") | Some("closed") => {
-                Stats::add(&run.stats.sold_out_told);
-                return Ok(());
-            }
-            _ if answer.status == 409 => {
-                Stats::add(&run.stats.lapsed);
-                return Ok(());
-            }
-            _ => {}
-        }
-        if joined_at.elapsed() > s.max_wait {
-            Stats::add(&run.stats.timed_out);
-            return Ok(());
-        }
-        let pause = answer.body["poll_after_ms"].as_u64().unwrap_or(2000);
-        tokio::time::sleep(Duration::from_millis(pause)).await;
-        answer = send(
-            user,
-            run,
-            "status",
-            GooseMethod::Get,
-            &format!("/queue/{event}/status"),
-            |b| b.bearer_auth(&ticket).header("x-forwarded-for", &fan.ip),
-            &[200],
-        )
-        .await?;
-        if let Some(fresh) = answer.str("ticket") {
-            ticket = fresh;
-        }
-    };
+    let waited = wait_for_turn(user, run, &fan, join, joined_at, &mut turn).await;
+    run.stats.turn(turn);
+    let Some(proof) = waited? else { return Ok(()) };
     run.stats.admitted(run.started.elapsed(), joined_at.elapsed());
     let auth = format!("Bearer {proof}");
 

@@ -2,9 +2,10 @@
 //!
 //! `loadtest onsale` drives N fans (default 20,000) through the gateway: queue, seat map, hold, checkout and
 //! payment; it shows progress while it runs and writes goose's HTML report, `charts.html` (the run over time,
-//! self-contained SVG), `summary.json`, `summary.md`, `series.json` and `orders.jsonl` (every order a fan saw
-//! confirmed). `loadtest check` reads Postgres and Redis and asserts the
-//! invariants, printing any offending rows. `deploy/onsale` runs both against the local stack.
+//! self-contained SVG), `summary.json`, `summary.md`, `series.json`, `orders.jsonl` (every order a fan saw
+//! confirmed) and `turns.jsonl` (each fan's place, join and admission). `loadtest check` reads Postgres and
+//! Redis and asserts the invariants, printing any offending rows. `deploy/onsale` runs both against the local
+//! stack.
 
 mod chart;
 mod check;
@@ -123,7 +124,8 @@ struct OnsaleArgs {
     /// The longest any fan waits in the queue, seconds; also bounds the whole run (plus 300 s).
     #[arg(long, default_value_t = 1800)]
     max_wait_seconds: u64,
-    /// Output directory (report.html, charts.html, summary.json, summary.md, series.json, orders.jsonl).
+    /// Output directory (report.html, charts.html, summary.json, summary.md, series.json, orders.jsonl,
+    /// turns.jsonl).
     #[arg(long, default_value = "target/onsale")]
     out: PathBuf,
     /// Keyring that signs the fans' account tokens (the gateway verifies with it).
@@ -310,6 +312,12 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         orders.push('\n');
     }
     std::fs::write(args.out.join("orders.jsonl"), orders)?;
+    let mut turns = String::new();
+    for t in run.stats.take_turns() {
+        turns.push_str(&serde_json::to_string(&t)?);
+        turns.push('\n');
+    }
+    std::fs::write(args.out.join("turns.jsonl"), turns)?;
     std::fs::write(args.out.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
     let text = render(&summary, args.fans);
     std::fs::write(args.out.join("summary.md"), &text)?;

@@ -49,6 +49,38 @@ pub struct Confirmed {
     pub paid: bool,
 }
 
+/// A fan's turn in the queue, as it saw it (the checker compares turns: a place is never given twice, and no
+/// fan is put behind one who joined after it).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Turn {
+    pub account: String,
+    /// The place its first ticket carried (0: in the pre-queue, where places are drawn at the opening).
+    pub place: u64,
+    /// When it first asked to join, and when a join was answered with its place, in ms since the run started.
+    pub join_sent_ms: u64,
+    pub join_answered_ms: u64,
+    /// When it was admitted, by the gateway's clock (the proof's `iat`, Unix seconds), if it was.
+    pub admitted_at: Option<u64>,
+    pub outcome: TurnOutcome,
+}
+
+/// How a fan's wait in the queue ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnOutcome {
+    Admitted,
+    /// Closed the tab on purpose (`--abandon-queue`).
+    Abandoned,
+    /// Told the event sold out or the room closed.
+    Closed,
+    /// Told its place lapsed or its session ended (409) although it kept polling.
+    Lapsed,
+    /// Still waiting after `--max-wait-seconds`.
+    TimedOut,
+    /// A request failed without an answer.
+    Failed,
+}
+
 /// Counters and timings.
 #[derive(Default)]
 pub struct Stats {
@@ -100,6 +132,7 @@ struct Timings {
     last_order_ms: u64,
     statuses: BTreeMap<String, u64>,
     confirmed: Vec<Confirmed>,
+    turns: Vec<Turn>,
     series: Vec<Sample>,
     /// How far into `hold_ms`, `checkout_ms` and the map's latencies the last sample read.
     sampled: (usize, usize, usize),
@@ -189,6 +222,15 @@ impl Stats {
         self.timings.lock().map(|t| t.series.clone()).unwrap_or_default()
     }
 
+    /// A fan's wait in the queue, once it ended.
+    pub fn turn(&self, turn: Turn) {
+        self.with(|t| t.turns.push(turn));
+    }
+
+    pub fn take_turns(&self) -> Vec<Turn> {
+        self.timings.lock().map(|mut t| std::mem::take(&mut t.turns)).unwrap_or_default()
+    }
+
     pub fn take_confirmed(&self) -> Vec<Confirmed> {
         self.timings.lock().map(|mut t| std::mem::take(&mut t.confirmed)).unwrap_or_default()
     }
@@ -206,6 +248,7 @@ impl Stats {
             last_order_ms: t.last_order_ms,
             statuses: t.statuses.clone(),
             confirmed: Vec::new(),
+            turns: Vec::new(),
             series: Vec::new(),
             sampled: (0, 0, 0),
         });
