@@ -7,4 +7,5 @@ mod limits;
 mod proxy;
 mod queue;
 mod replication;
+mod resharding;
 mod seatmap;
