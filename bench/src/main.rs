@@ -666,7 +666,7 @@ async fn redis_benchmark(args: &BenchArgs, event: EventId, tag: &str) -> anyhow:
     // redis-benchmark takes a password only on its command line (`-a`): a local benchmark's scratch Redis.
     let redisconn::Target::Single(client) = &node else { bail!("a node is a single server") };
     let auth: Vec<String> = match client.get_connection_info().redis_settings().password() {
-        Some(password) => vec!["--no-auth-warning".into(), "-a".into(), password.to_owned()],
+        Some(password) => vec!["-a".into(), password.to_owned()],
         None => Vec::new(),
     };
     let mut conn = node.connected(redisconn::Options::default()).await?;
