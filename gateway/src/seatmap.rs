@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{broadcast, watch};
 
-use crate::store::{LazyStore, LogEntry};
+use crate::store::{LazyStore, LogEntry, LogReader, StoreError};
 
 /// How the feeds run.
 #[derive(Debug, Clone, Copy)]
@@ -51,11 +51,13 @@ impl Default for FeedOptions {
 /// One frame of an event's stream, shared by every subscriber.
 #[derive(Debug)]
 pub struct Frame {
-    /// The versions it covers (`from` 0: a heartbeat, which covers none).
+    /// The versions it covers (`from` 0: a heartbeat or a resync, which cover none).
     pub from: u64,
     pub to: u64,
     /// The SSE text.
     pub text: Bytes,
+    /// A `resync` that ends every stream.
+    pub ends: bool,
 }
 
 /// Log entries read in one go, at most this many (a frame's size is bounded by it).
@@ -164,7 +166,14 @@ impl Feeds {
         let o = self.options;
         let tx = &feed.tx;
         let mut reader = None;
-        let mut after = None;
+        let mut after: Option<u64> = None;
+        // The last entry read: the log must still hold it, as it was. A log that lost its last entries (a
+        // failover to a replica that had not received them, a restart from an append-only file a moment old)
+        // gives their versions out again, for other changes, and a read after them would never see those.
+        let mut read_last: Option<LogEntry> = None;
+        // Whether to check, before the next blocking read, that the log still holds that entry: after
+        // connecting again, and after a quiet read (a client may reach a new master without an error).
+        let mut check = false;
         let mut last_frame = Instant::now();
         let mut alone_since = None;
         loop {
@@ -174,7 +183,10 @@ impl Feeds {
             let r = match reader.as_mut() {
                 Some(r) => r,
                 None => match self.store.log_reader(event, o.block).await {
-                    Ok(r) => reader.insert(r),
+                    Ok(r) => {
+                        check = true;
+                        reader.insert(r)
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, event, "seat map feed cannot reach Redis; retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -183,11 +195,10 @@ impl Feeds {
                 },
             };
             let from = match after {
-                Some(v) => v,
-                None => match r.last().await {
+                Some(v) if !check => v,
+                known => match resume(event, r, &feed, known, &mut read_last).await {
                     Ok(v) => {
-                        feed.heard(Some(v));
-                        feed.start.send_replace(Some(v));
+                        check = false;
                         *after.insert(v)
                     }
                     Err(e) => {
@@ -201,6 +212,7 @@ impl Feeds {
             match r.next(from, o.block, READ_COUNT).await {
                 Ok(entries) if entries.is_empty() => {
                     feed.heard(None);
+                    check = true;
                     if last_frame.elapsed() >= o.heartbeat {
                         let _ = tx.send(Arc::new(heartbeat()));
                         last_frame = Instant::now();
@@ -208,6 +220,7 @@ impl Feeds {
                 }
                 Ok(entries) => {
                     after = entries.last().map(|e| e.version);
+                    read_last = entries.last().cloned();
                     feed.heard(after);
                     if let Some(frame) = delta(&entries) {
                         let _ = tx.send(Arc::new(frame));
@@ -226,9 +239,41 @@ impl Feeds {
     }
 }
 
+/// Where a reader goes on from: at its start, where the log ends (and the feed's streams start there too);
+/// later, `known`, the version it read last, if the log still holds `read_last` as it was read. A log that
+/// does not went back: every stream is told to resync, and the reader goes on from the log's end.
+async fn resume(
+    event: i64,
+    r: &mut LogReader,
+    feed: &Feed,
+    known: Option<u64>,
+    read_last: &mut Option<LogEntry>,
+) -> Result<u64, StoreError> {
+    if let Some(v) = known
+        && (v == 0 || r.entry(v).await? == *read_last)
+    {
+        return Ok(v);
+    }
+    let newest = r.last().await?;
+    let to = newest.as_ref().map_or(0, |e| e.version);
+    match known {
+        None => {
+            feed.start.send_replace(Some(to));
+        }
+        Some(from) => {
+            tracing::warn!(event, from, to, "the seat map log went back; its streams resync");
+            metrics::counter!("gateway_seatmap_log_went_back_total").increment(1);
+            let _ = feed.tx.send(Arc::new(went_back(event)));
+        }
+    }
+    *read_last = newest;
+    feed.heard(Some(to));
+    Ok(to)
+}
+
 /// A comment line: keeps the connection alive, and tells nothing.
 pub fn heartbeat() -> Frame {
-    Frame { from: 0, to: 0, text: Bytes::from_static(b": heartbeat\n\n") }
+    Frame { from: 0, to: 0, text: Bytes::from_static(b": heartbeat\n\n"), ends: false }
 }
 
 /// One `delta` event for consecutive log entries (none for no entries): `id` is the last version, `data` is
@@ -258,7 +303,14 @@ pub fn delta(entries: &[LogEntry]) -> Option<Frame> {
         }
     }
     text.push_str("]}\n\n");
-    Some(Frame { from: first.version, to: last.version, text: Bytes::from(text) })
+    Some(Frame { from: first.version, to: last.version, text: Bytes::from(text), ends: false })
+}
+
+/// The log went back: Redis lost its last entries (a failover to a replica that had not received them, a
+/// restart from an append-only file a moment old) and gives their versions out again, for other changes. Every
+/// stream is told to reload the status.
+pub fn went_back(event: i64) -> Frame {
+    Frame { from: 0, to: 0, text: resync(event, "log_lost"), ends: true }
 }
 
 /// The first event of a fresh stream: the version the stream starts after, and where the status for it is.

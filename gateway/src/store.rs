@@ -110,15 +110,25 @@ pub struct LogReader {
 }
 
 impl LogReader {
-    /// The newest entry's version (0: no log yet).
-    pub async fn last(&mut self) -> Result<u64, StoreError> {
-        let mut cmd = redis::cmd("XREVRANGE");
-        let fut = cmd.arg(&self.keys.log).arg("+").arg("-").arg("COUNT").arg(1).query_async(&mut self.conn);
+    /// The newest entry (`None`: no log yet).
+    pub async fn last(&mut self) -> Result<Option<LogEntry>, StoreError> {
+        self.one("XREVRANGE", "+", "-").await
+    }
+
+    /// The entry of `version`, if the log has it.
+    pub async fn entry(&mut self, version: u64) -> Result<Option<LogEntry>, StoreError> {
+        let id = format!("{version}-0");
+        self.one("XRANGE", &id, &id).await
+    }
+
+    async fn one(&mut self, command: &str, from: &str, to: &str) -> Result<Option<LogEntry>, StoreError> {
+        let mut cmd = redis::cmd(command);
+        let fut = cmd.arg(&self.keys.log).arg(from).arg(to).arg("COUNT").arg(1).query_async(&mut self.conn);
         let raw: RawEntries = match tokio::time::timeout(self.timeout, fut).await {
             Ok(reply) => reply?,
             Err(_) => return Err(StoreError::Timeout(self.timeout)),
         };
-        Ok(log_entries(raw)?.first().map_or(0, |e| e.version))
+        Ok(log_entries(raw)?.into_iter().next())
     }
 
     /// The entries after `after`, at most `count`, waiting up to `block` for the first one.

@@ -107,6 +107,24 @@ async fn redis_flushed_between_a_hold_and_its_checkout_leaves_one_order(pool: Pg
 }
 
 #[sqlx::test(migrations = "../migrations")]
+async fn a_hold_lost_with_redis_is_a_clean_refusal_and_its_seats_are_on_sale_again(pool: PgPool) {
+    // What a failover may cost a fan: the hold granted just before the master died is not on the replica.
+    let mut app = TestApp::spawn(pool).await;
+    let seat = app.seats_on_sale().await[3];
+    let held = app.hold("fan-a", &[seat]).await;
+    assert_eq!(held.status, 201);
+    let token = held.str("hold_token");
+    app.forget_redis().await;
+    let checkout = app.checkout("fan-a", &token, "a").await;
+    assert_eq!((checkout.status, checkout.code()), (409, "hold_expired"), "{}", checkout.body);
+    let release = app.release("fan-a", &token).await;
+    assert_eq!((release.status, release.code()), (404, "hold_not_found"), "{}", release.body);
+    assert_eq!(app.hold("fan-b", &[seat]).await.status, 201, "the seat is on sale again");
+    app.assert_invariants().await;
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
 async fn redis_flushed_mid_sale_with_racing_buyers_sells_each_seat_once(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
     let seats = app.seats_on_sale().await;

@@ -159,6 +159,11 @@ pub async fn serve(
             }
             Err(RecvError::Closed) => return Ok(()),
         };
+        if frame.ends {
+            metrics::counter!("gateway_seatmap_resyncs_total", "reason" => "log_lost").increment(1);
+            let _ = session.write_response_body(Some(frame.text.clone()), true).await;
+            return Ok(());
+        }
         let mut out: Vec<Bytes> = Vec::new();
         if frame.from == 0 {
             out.push(frame.text.clone());

@@ -198,6 +198,45 @@ async fn a_change_logged_while_the_first_stream_of_an_event_opens_reaches_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_went_back_tells_every_stream_to_resync() {
+    let prefix = prefix();
+    let (gw, _upstream) = gateway(&prefix).await;
+    let first = publish(&prefix, &["1:h"]).await;
+    let mut subs = vec![Subscriber::open(&gw, "", None).await, Subscriber::open(&gw, "", Some(first)).await];
+    assert_eq!(subs[0].next().await.expect("hello").event, "version");
+    let last = publish(&prefix, &["2:h", "3:h"]).await;
+    for sub in &mut subs {
+        sub.until(last).await;
+    }
+    // Redis loses the last entry, as a failover to a replica that had not received it would: the log ends at
+    // `first` again, and the next change is given the lost entry's version.
+    let keys = SeatMapKeys::new(&prefix, EVENT);
+    let mut conn = redis().await;
+    let _: i64 = redis::cmd("DEL").arg(&keys.log).query_async(&mut conn).await.expect("DEL");
+    let _: String = redis::cmd("XADD")
+        .arg(&keys.log)
+        .arg(format!("{first}-0"))
+        .arg("c")
+        .arg("1:h")
+        .arg("t")
+        .arg(0)
+        .query_async(&mut conn)
+        .await
+        .expect("XADD");
+    let () = redis::cmd("SET").arg(&keys.version).arg(first).query_async(&mut conn).await.expect("SET");
+    assert_eq!(publish(&prefix, &["2:s"]).await, last, "the version is given out again");
+    for sub in &mut subs {
+        let sse = sub.next().await.expect("an event");
+        assert_eq!((sse.event.as_str(), sse.data["reason"].as_str()), ("resync", Some("log_lost")), "{sse:?}");
+        assert!(sub.next().await.is_none(), "the stream ends after a resync");
+    }
+    // A stream from the status's version now goes on as usual.
+    let mut sub = Subscriber::open(&gw, "", Some(last)).await;
+    let next = publish(&prefix, &["4:h"]).await;
+    assert_eq!(sub.until(next).await.0, vec![(4, "h".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_has_seen_nothing_is_replayed_the_whole_log_until_it_is_trimmed() {
     let prefix = prefix();
     let (gw, _upstream) = gateway(&prefix).await;
