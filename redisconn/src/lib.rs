@@ -11,6 +11,7 @@
 //! failover to a replica, `SCRIPT FLUSH`) is loaded again and retried by `invoke_async` itself.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -120,10 +121,9 @@ impl Target {
                 }
                 Ok(Conn(Inner::Manager(ConnectionManager::new_lazy_with_config(client.clone(), config)?)))
             }
-            Target::Cluster { .. } => Ok(Conn(Inner::Cluster(Arc::new(LazyCluster {
-                client: self.cluster_client(&options)?,
-                conn: tokio::sync::OnceCell::new(),
-            })))),
+            Target::Cluster { .. } => {
+                Ok(Conn(Inner::Cluster(Arc::new(LazyCluster::new(self.cluster_client(&options)?)))))
+            }
         }
     }
 
@@ -193,8 +193,7 @@ impl Target {
                 Ok(Conn(Inner::Multiplexed(client.get_multiplexed_async_connection_with_config(&config).await?)))
             }
             Target::Cluster { .. } => {
-                let cluster =
-                    LazyCluster { client: self.cluster_client(&options)?, conn: tokio::sync::OnceCell::new() };
+                let cluster = LazyCluster::new(self.cluster_client(&options)?);
                 cluster.get().await?;
                 Ok(Conn(Inner::Cluster(Arc::new(cluster))))
             }
@@ -271,15 +270,57 @@ enum Inner {
     Cluster(Arc<LazyCluster>),
 }
 
-/// The cluster client connects when first used; until a connection is made, each use tries again.
+/// The cluster client connects when first used; until a connection is made, each use tries again. A connection
+/// whose answers stop coming is made again: the cluster client can end up sending every request into a void
+/// after a storm of redirections while a slot moves (every call then waits out its timeout, for good).
 struct LazyCluster {
     client: ClusterClient,
-    conn: tokio::sync::OnceCell<ClusterConnection>,
+    /// The connection, and which one it is (the count of connections made before it).
+    conn: tokio::sync::Mutex<Option<(u64, ClusterConnection)>>,
+    made: AtomicU64,
+    /// Calls on the current connection that timed out since the last that did not.
+    timeouts: AtomicU32,
 }
 
+/// Calls in a row that time out before a cluster connection is made again.
+const STUCK_AFTER_TIMEOUTS: u32 = 8;
+
 impl LazyCluster {
-    async fn get(&self) -> RedisResult<ClusterConnection> {
-        self.conn.get_or_try_init(|| self.client.get_async_connection()).await.cloned()
+    fn new(client: ClusterClient) -> Self {
+        Self { client, conn: tokio::sync::Mutex::new(None), made: AtomicU64::new(0), timeouts: AtomicU32::new(0) }
+    }
+
+    async fn get(&self) -> RedisResult<(u64, ClusterConnection)> {
+        let mut conn = self.conn.lock().await;
+        if let Some(c) = conn.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = (self.made.fetch_add(1, Ordering::Relaxed), self.client.get_async_connection().await?);
+        self.timeouts.store(0, Ordering::Relaxed);
+        *conn = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Notes how a call on connection `which` ended; after `STUCK_AFTER_TIMEOUTS` timeouts in a row on the
+    /// current connection, the next call connects anew (calls still under way on an older one do not count).
+    async fn ended<T>(&self, which: u64, result: RedisResult<T>) -> RedisResult<T> {
+        if self.made.load(Ordering::Relaxed) != which + 1 {
+            return result;
+        }
+        match &result {
+            Err(e) if e.is_timeout() => {
+                if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 == STUCK_AFTER_TIMEOUTS {
+                    let mut conn = self.conn.lock().await;
+                    if conn.as_ref().is_some_and(|(made, _)| *made == which) {
+                        tracing::warn!("the Redis Cluster connection answers nothing; connecting again");
+                        conn.take();
+                    }
+                }
+            }
+            Ok(_) => self.timeouts.store(0, Ordering::Relaxed),
+            Err(_) => {}
+        }
+        result
     }
 }
 
@@ -297,7 +338,8 @@ impl Conn {
             Inner::Cluster(c) => {
                 let route = Route::with_key(key, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                let value = c.get().await?.route_command(cmd, routing).await?;
+                let (which, mut conn) = c.get().await?;
+                let value = c.ended(which, conn.route_command(cmd, routing).await).await?;
                 redis::from_redis_value(value)?
             }
             _ => cmd.query_async(&mut self.clone()).await?,
@@ -313,7 +355,11 @@ impl ConnectionLike for Conn {
             Inner::Multiplexed(c) => c.req_packed_command(cmd),
             Inner::Cluster(c) => {
                 let c = c.clone();
-                Box::pin(async move { c.get().await?.req_packed_command(cmd).await })
+                Box::pin(async move {
+                    let (which, mut conn) = c.get().await?;
+                    let answer = conn.req_packed_command(cmd).await;
+                    c.ended(which, answer).await
+                })
             }
         }
     }
@@ -330,7 +376,7 @@ impl ConnectionLike for Conn {
             Inner::Cluster(c) => {
                 let c = c.clone();
                 Box::pin(async move {
-                    let mut conn = c.get().await?;
+                    let (which, mut conn) = c.get().await?;
                     let mut answer = conn.req_packed_commands(cmd, offset, count).await;
                     // The client follows MOVED for a command, not inside MULTI/EXEC: a transaction sent to a
                     // master demoted by a failover would fail there for as long as the connection lives. A plain
@@ -348,7 +394,7 @@ impl ConnectionLike for Conn {
                         }
                         answer = conn.req_packed_commands(cmd, offset, count).await;
                     }
-                    answer
+                    c.ended(which, answer).await
                 })
             }
         }

@@ -21,6 +21,18 @@ pub const OTHER_KID: &str = "k9:gateway-integration-test-admission-key-01";
 
 pub use testkit::{free_port, prefix, redis_url};
 
+/// The stack's Redis Cluster, whatever `REDIS_URL` says (`deploy/stack env` exports its URL either way).
+pub fn cluster_url() -> String {
+    std::env::var("REDIS_CLUSTER_URL")
+        .unwrap_or_else(|_| panic!("REDIS_CLUSTER_URL is not set: run the tests with `deploy/test`, which starts it"))
+}
+
+/// A plain connection to one node of the stack's cluster, with the cluster's password.
+pub async fn cluster_node(addr: &str) -> redisconn::Conn {
+    let cluster = redisconn::Target::parse(&cluster_url()).expect("cluster URL");
+    cluster.node(addr).expect("node").connected(redisconn::Options::default()).await.expect("node")
+}
+
 /// A real upstream: answers every request with 200 and counts them, except the gateway's own questions:
 /// booking's availability (`GET /events/{id}/availability`), answered from `sold_out` and `seats_available`,
 /// and its health check

@@ -10,18 +10,6 @@ use serde_json::json;
 
 use crate::harness::*;
 
-/// The stack's cluster (`deploy/stack env` exports its URL whether or not the services use it).
-fn cluster_url() -> String {
-    std::env::var("REDIS_CLUSTER_URL")
-        .unwrap_or_else(|_| panic!("REDIS_CLUSTER_URL is not set: run the tests with `deploy/test`, which starts it"))
-}
-
-/// A plain connection to one node of the cluster, with the cluster's password.
-async fn node(addr: &str) -> redisconn::Conn {
-    let cluster = redisconn::Target::parse(&cluster_url()).expect("cluster URL");
-    cluster.node(addr).expect("node").connected(redisconn::Options::default()).await.expect("node")
-}
-
 /// The address of the replica of the master serving `key`'s slot.
 async fn replica_of(key: &str) -> String {
     let cluster = redisconn::Target::parse(&cluster_url()).expect("cluster URL");
@@ -34,7 +22,8 @@ struct Stopped(u32);
 
 impl Stopped {
     async fn stop(addr: &str) -> Self {
-        let info: String = redis::cmd("INFO").arg("server").query_async(&mut node(addr).await).await.expect("INFO");
+        let info: String =
+            redis::cmd("INFO").arg("server").query_async(&mut cluster_node(addr).await).await.expect("INFO");
         let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).expect("process_id").trim();
         let pid: u32 = pid.parse().expect("pid");
         assert!(Command::new("kill").args(["-STOP", &pid.to_string()]).status().expect("kill").success());
