@@ -64,7 +64,9 @@ pub async fn relay_batch(
     .fetch_all(&mut *tx)
     .await?;
     if rows.is_empty() {
-        tx.rollback().await?;
+        // Committed, not rolled back: the cursor may have just moved to where the stream ends (a relay died
+        // after publishing the last rows), and it must stay there.
+        tx.commit().await?;
         return Ok(0);
     }
     let mut pipe = redis::pipe();

@@ -104,6 +104,30 @@ async fn a_relay_killed_between_publish_and_commit_loses_nothing(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = "../migrations")]
+async fn a_relay_killed_after_publishing_the_last_rows_leaves_none_unmarked(pool: PgPool) {
+    let mut app = TestApp::spawn_with(pool, &["--outbox-relay-interval-ms", "0", "--sweep-interval-ms", "0"]).await;
+    let seats = app.seats_on_sale().await;
+    for (i, &seat) in seats.iter().take(5).enumerate() {
+        app.reserve(&format!("fan-{i}"), &[seat]).await;
+    }
+    let written: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM order_events ORDER BY id").fetch_all(&app.pool).await.expect("ids");
+    // The process aborts once the stream has every row, before it marks the last batch.
+    let mut crashing = relay(&app, &["--crash-after-publish", &written.len().to_string()]);
+    let status =
+        tokio::time::timeout(Duration::from_secs(20), crashing.wait()).await.expect("relay ends").expect("wait");
+    assert!(!status.success(), "the relay aborted: {status:?}");
+    assert_eq!(stream_ids(&mut app).await, written, "the stream has every row");
+    assert!(backlog(&app).await > 0, "the last batch is not marked");
+    // The next relay finds nothing left to publish: the cursor it moved to the stream's end must stay there.
+    let mut healthy = relay(&app, &[]);
+    assert!(eventually(Duration::from_secs(20), async || backlog(&app).await == 0).await, "the cursor caught up");
+    healthy.kill().await.expect("kill");
+    assert_eq!(stream_ids(&mut app).await, written, "nothing published twice");
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
 async fn a_stream_that_redis_lost_whole_or_in_part_is_published_again(pool: PgPool) {
     let mut app = TestApp::spawn_with(pool, &["--outbox-relay-interval-ms", "0", "--sweep-interval-ms", "0"]).await;
     let seats = app.seats_on_sale().await;
