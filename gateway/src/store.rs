@@ -249,9 +249,9 @@ pub struct LazyStore {
     store: OnceLock<QueueStore>,
 }
 
-/// Which writes wait for replicas, and how long: a queue place, an admission step and a room's settings are
-/// answered only once `replicas` replicas of the room's master hold them (`WAIT`), so a failover to one of
-/// them keeps them. `replicas` 0: nothing waits (a single Redis has no replica to wait for).
+/// Which writes wait for replicas, and how long: a queue place is answered only once `replicas` replicas of the
+/// room's master hold it (`WAIT`), so a failover to one of them keeps it; an admission step and a room's
+/// settings wait too, best effort. `replicas` 0: nothing waits (a single Redis has no replica to wait for).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Replication {
     pub replicas: u32,
@@ -341,8 +341,8 @@ pub struct QueueStore {
     replication: Replication,
     /// Since when the store counts time, for `unreplicated_until`.
     epoch: Instant,
-    /// Until when (ms since `epoch`) writes do not wait for replicas: a wait came back short, so a replica is missing,
-    /// and every wait would hold the shared connection for the whole timeout until it is back.
+    /// Until when (ms since `epoch`) writes do not wait for replicas: a wait came back short, so a replica is
+    /// missing, and every wait would hold the shared connection for the whole timeout until it is back.
     unreplicated_until: AtomicU64,
     scripts: Arc<Scripts>,
 }
@@ -394,7 +394,12 @@ impl QueueStore {
         let acked = if now < self.unreplicated_until.load(Ordering::Relaxed) {
             0
         } else {
-            let acked = self.run(self.conn.wait_replicas(&self.keys(event).key("seq"), replicas, timeout)).await?;
+            let waited = self.run(self.conn.wait_replicas(&self.keys(event).key("seq"), replicas, timeout)).await;
+            // A wait that failed is a wait that came back short: the write itself is done.
+            let acked = waited.unwrap_or_else(|e| {
+                tracing::warn!(event, error = %e, "could not wait for the replicas");
+                0
+            });
             if acked < replicas {
                 self.unreplicated_until.store(now + UNREPLICATED_PAUSE_MS, Ordering::Relaxed);
                 tracing::warn!(event, acked, replicas, "a queue write reached fewer replicas than asked");

@@ -336,11 +336,19 @@ impl Conn {
         cmd.arg(replicas).arg(ms);
         let acked: i64 = match &self.0 {
             Inner::Cluster(c) => {
-                let route = Route::with_key(key, SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
                 let (which, mut conn) = c.get().await?;
-                let value = c.ended(which, conn.route_command(cmd, routing).await).await?;
-                redis::from_redis_value(value)?
+                let routing = || {
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master)))
+                };
+                let mut answer = conn.route_command(cmd.clone(), routing()).await.and_then(Value::extract_error);
+                if answer.as_ref().is_err_and(|e| e.to_string().contains("replica")) {
+                    // Sent by a slot map that still names a master a failover demoted (WAIT carries no key, so
+                    // the node cannot redirect it): a command on the key makes the client learn the new master,
+                    // then WAIT goes there, where the writes went.
+                    let _: RedisResult<Value> = redis::cmd("EXISTS").arg(key).query_async(&mut conn).await;
+                    answer = conn.route_command(cmd, routing()).await.and_then(Value::extract_error);
+                }
+                redis::from_redis_value(c.ended(which, answer).await?)?
             }
             _ => cmd.query_async(&mut self.clone()).await?,
         };
