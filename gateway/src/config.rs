@@ -91,7 +91,8 @@ pub struct Config {
     #[arg(long, env = "GATEWAY_REDIS_WAIT_REPLICAS", default_value_t = 0)]
     pub redis_wait_replicas: u32,
     /// Longest wait for those replicas, in milliseconds; a wait that comes back short stops the waits for a
-    /// second (a replica is missing) and the write stands on the master alone.
+    /// quarter of a second (a replica is missing): joins are refused meanwhile, other writes stand on the
+    /// master alone.
     #[arg(long, env = "GATEWAY_REDIS_WAIT_MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub redis_wait_ms: u64,
     /// How often this node runs the admission step and refreshes its view of every queue, in milliseconds.

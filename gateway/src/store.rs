@@ -348,7 +348,7 @@ pub struct QueueStore {
 }
 
 /// How long writes stop waiting for replicas after a wait came back short.
-const UNREPLICATED_PAUSE_MS: u64 = 1000;
+const UNREPLICATED_PAUSE_MS: u64 = 250;
 
 /// A script reply (a Lua table of strings and integers) as text.
 fn parts(reply: Value) -> Result<Vec<String>, StoreError> {
@@ -382,9 +382,9 @@ impl QueueStore {
 
     /// After a write to `event`'s room that must survive a failover: waits until the configured replicas of
     /// the room's master hold it (see [`Replication`]). A wait that comes back short is counted and logged,
-    /// and for a second no write waits (a replica is missing: each wait would hold the shared connection for
-    /// the whole timeout). Then a `strict` write is refused (`Unreplicated`: its caller answers 503, and the
-    /// fan's retry finds the write in place), and any other stands on the master alone.
+    /// and for a quarter of a second no write waits (a replica is missing: each wait would hold the shared
+    /// connection for the whole timeout). Then a `strict` write is refused (`Unreplicated`: its caller answers
+    /// 503, and the fan's retry finds the write in place), and any other stands on the master alone.
     async fn replicate(&self, event: i64, strict: bool) -> Result<(), StoreError> {
         let Replication { replicas, timeout } = self.replication;
         if replicas == 0 {
@@ -401,7 +401,8 @@ impl QueueStore {
                 0
             });
             if acked < replicas {
-                self.unreplicated_until.store(now + UNREPLICATED_PAUSE_MS, Ordering::Relaxed);
+                let back = self.epoch.elapsed().as_millis() as u64;
+                self.unreplicated_until.store(back + UNREPLICATED_PAUSE_MS, Ordering::Relaxed);
                 tracing::warn!(event, acked, replicas, "a queue write reached fewer replicas than asked");
             }
             acked

@@ -105,7 +105,7 @@ async fn a_place_is_answered_once_the_replica_holds_it_and_without_one_the_join_
     assert!(first_took >= wait, "the first join waited for the replica: {first_took:?}");
     assert!(second_took < wait, "the next one did not wait again: {second_took:?}");
     assert_eq!(unreplicated(&gw, "refused").await, 2);
-    // The pause after a short wait is a second; then the replica answers again.
+    // The pause after a short wait is a quarter of a second; then the replica answers again.
     let deadline = Instant::now() + Duration::from_secs(10);
     let again = loop {
         let again = gw.join(event, "fan-x").await;
