@@ -34,6 +34,26 @@ fn relay(app: &TestApp, extra: &[&str]) -> tokio::process::Child {
         .expect("start booking relay")
 }
 
+/// An app with no relay of its own, and five orders: the ids of the order events they wrote.
+async fn five_orders(pool: PgPool) -> (TestApp, Vec<i64>) {
+    let app = TestApp::spawn_with(pool, &["--outbox-relay-interval-ms", "0", "--sweep-interval-ms", "0"]).await;
+    let seats = app.seats_on_sale().await;
+    for (i, &seat) in seats.iter().take(5).enumerate() {
+        app.reserve(&format!("fan-{i}"), &[seat]).await;
+    }
+    let written =
+        sqlx::query_scalar("SELECT id FROM order_events ORDER BY id").fetch_all(&app.pool).await.expect("ids");
+    (app, written)
+}
+
+/// A relay that aborts once it has published `rows` rows, before it marks its last batch; waits for it to end.
+async fn crash_after(app: &TestApp, rows: usize) {
+    let mut crashing = relay(app, &["--crash-after-publish", &rows.to_string()]);
+    let status =
+        tokio::time::timeout(Duration::from_secs(20), crashing.wait()).await.expect("relay ends").expect("wait");
+    assert!(!status.success(), "the relay aborted: {status:?}");
+}
+
 /// Stream entries as (outbox id, every other field).
 async fn stream(app: &mut TestApp) -> Vec<(i64, Vec<(String, String)>)> {
     let key = format!("{}outbox:orders", app.prefix);
@@ -71,10 +91,7 @@ async fn a_relay_killed_between_publish_and_commit_loses_nothing(pool: PgPool) {
 
     // Batches of at most 4 (fewer when a transaction elsewhere on the server holds the relay back): the batch
     // that brings the count to 10 is on the stream when the process aborts, and the cursor is not past it.
-    let mut crashing = relay(&app, &["--crash-after-publish", "10"]);
-    let status =
-        tokio::time::timeout(Duration::from_secs(20), crashing.wait()).await.expect("relay ends").expect("wait");
-    assert!(!status.success(), "the relay aborted: {status:?}");
+    crash_after(&app, 10).await;
     let after_crash = stream(&mut app).await;
     let marked = written.len() - usize::try_from(backlog(&app).await).expect("a count");
     assert!((10..=written.len()).contains(&after_crash.len()), "the relay stopped at 10: {}", after_crash.len());
@@ -105,18 +122,9 @@ async fn a_relay_killed_between_publish_and_commit_loses_nothing(pool: PgPool) {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn a_relay_killed_after_publishing_the_last_rows_leaves_none_unmarked(pool: PgPool) {
-    let mut app = TestApp::spawn_with(pool, &["--outbox-relay-interval-ms", "0", "--sweep-interval-ms", "0"]).await;
-    let seats = app.seats_on_sale().await;
-    for (i, &seat) in seats.iter().take(5).enumerate() {
-        app.reserve(&format!("fan-{i}"), &[seat]).await;
-    }
-    let written: Vec<i64> =
-        sqlx::query_scalar("SELECT id FROM order_events ORDER BY id").fetch_all(&app.pool).await.expect("ids");
+    let (mut app, written) = five_orders(pool).await;
     // The process aborts once the stream has every row, before it marks the last batch.
-    let mut crashing = relay(&app, &["--crash-after-publish", &written.len().to_string()]);
-    let status =
-        tokio::time::timeout(Duration::from_secs(20), crashing.wait()).await.expect("relay ends").expect("wait");
-    assert!(!status.success(), "the relay aborted: {status:?}");
+    crash_after(&app, written.len()).await;
     assert_eq!(stream_ids(&mut app).await, written, "the stream has every row");
     assert!(backlog(&app).await > 0, "the last batch is not marked");
     // The next relay finds nothing left to publish: the cursor it moved to the stream's end must stay there.
@@ -129,13 +137,7 @@ async fn a_relay_killed_after_publishing_the_last_rows_leaves_none_unmarked(pool
 
 #[sqlx::test(migrations = "../migrations")]
 async fn a_stream_that_redis_lost_whole_or_in_part_is_published_again(pool: PgPool) {
-    let mut app = TestApp::spawn_with(pool, &["--outbox-relay-interval-ms", "0", "--sweep-interval-ms", "0"]).await;
-    let seats = app.seats_on_sale().await;
-    for (i, &seat) in seats.iter().take(5).enumerate() {
-        app.reserve(&format!("fan-{i}"), &[seat]).await;
-    }
-    let written: Vec<i64> =
-        sqlx::query_scalar("SELECT id FROM order_events ORDER BY id").fetch_all(&app.pool).await.expect("ids");
+    let (mut app, written) = five_orders(pool).await;
     let mut relaying = relay(&app, &[]);
     assert!(eventually(Duration::from_secs(20), async || stream_ids(&mut app).await == written).await);
 
