@@ -7,11 +7,11 @@ use std::time::Duration;
 use redisconn::Conn;
 use sqlx::PgPool;
 
-use crate::domain::order::{Command, Status};
+use crate::domain::order::Command;
 use crate::domain::{EventId, OrderId};
 use crate::provider;
 use crate::store::holds::Holds;
-use crate::store::lifecycle::{self, Delivery, Outcome, Scope, SeatsEffect, Window};
+use crate::store::lifecycle::{self, Changed, Delivery, Outcome, Scope, Window};
 use crate::store::{orders, outbox};
 
 /// Orders one sweep transaction cancels at most.
@@ -36,16 +36,16 @@ pub struct PaymentCheck {
 ///
 /// It also repairs Redis for orders paid lately, whose markers never lapse: it marks their seats sold again, or
 /// releases them again (a compare-and-delete on the order's own markers) if the order was then refunded or
-/// cancelled, in case booking died between a commit and its follow-up. The first pass after a start looks back
-/// a day.
+/// cancelled, in case booking died between a commit and its follow-up; and after Redis was gone, for every
+/// order that changed shortly before (see [`repair_markers`]). The first pass after a start looks back a day.
 pub async fn sweeper(pool: PgPool, every: Duration, check: PaymentCheck) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut repaired_until = time::OffsetDateTime::now_utc() - time::Duration::days(1);
+    let mut repair = Repair::new();
     loop {
         tick.tick().await;
         let asked = confirm_lost_payments(&pool, &check).await;
-        repair_paid_markers(&pool, &check.holds, &mut repaired_until).await;
+        repair_markers(&pool, &check.holds, &mut repair).await;
         match orders::forget_old_keys(&pool, SWEEP_BATCH).await {
             Ok(n) => metrics::counter!("booking_idempotency_keys_forgotten_total").increment(n),
             Err(e) => tracing::warn!(error = %e, "could not forget old idempotency keys"),
@@ -116,27 +116,91 @@ async fn confirm_lost_payments(pool: &PgPool, check: &PaymentCheck) -> Vec<Order
     cancellable
 }
 
-/// Applies again, in Redis, what happened to orders paid lately: their seats marked sold for good, or released
-/// again if the order was then refunded or cancelled. `since` moves on to the database's time of this pass
-/// when it succeeds.
-async fn repair_paid_markers(pool: &PgPool, holds: &Holds, since: &mut time::OffsetDateTime) {
-    // Changes commit a little after their updated_at: look back past the last pass.
-    let from = *since - time::Duration::seconds(2);
-    let (orders, now) = match lifecycle::paid_changed_since(pool, from).await {
-        Ok(found) => found,
+/// How far back before the last calm pass a repair after a disruption reaches: further than the writes Redis
+/// may lose (the last second of its append-only file; what a failed-over master had not yet passed on).
+const LOST_WRITES_REACH: time::Duration = time::Duration::seconds(10);
+
+/// Changes commit a little after their `updated_at`: each pass looks back this far past the last one.
+const COMMIT_LAG: time::Duration = time::Duration::seconds(2);
+
+/// Where the sweeper's repair of Redis markers stands.
+struct Repair {
+    /// The database's time at the last pass that wrote again everything it listed.
+    until: time::OffsetDateTime,
+    /// The database's time at the last pass that found every event's Redis server the same as before.
+    calm: time::OffsetDateTime,
+    /// Set while a repair of every live order changed since then is owed (a Redis server changed).
+    live_from: Option<time::OffsetDateTime>,
+}
+
+impl Repair {
+    /// The first pass after a start looks back a day.
+    fn new() -> Self {
+        let day_ago = time::OffsetDateTime::now_utc() - time::Duration::days(1);
+        Self { until: day_ago, calm: day_ago, live_from: None }
+    }
+}
+
+/// Applies again, in Redis, what happened to orders lately: paid orders' seats marked sold for good, or
+/// released again if the order was then refunded or cancelled. When the Redis server that keeps an event's keys
+/// changed since the last pass (a restart, a failover, a flush: `Holds::server_changed`), it also marks again
+/// the seats of every reserved order changed since shortly before: Redis may have lost those markers, and
+/// Postgres, which sold the seats, would show them sold while the seat map's log says free. Moves on to the
+/// database's time of this pass when every order listed was written.
+async fn repair_markers(pool: &PgPool, holds: &Holds, r: &mut Repair) {
+    let events = match orders::current_events(pool).await {
+        Ok(events) => events,
         Err(e) => {
-            tracing::warn!(error = %e, "could not list paid orders");
+            tracing::warn!(error = %e, "could not list the events whose markers to check");
             return;
         }
     };
+    let mut changed = false;
+    for &event in &events {
+        match holds.server_changed(event).await {
+            Ok(false) => {}
+            Ok(true) => changed = true,
+            Err(e) => {
+                // Redis is gone now: it may come back without its last writes.
+                tracing::warn!(error = %e, event = event.0, "could not ask Redis which server keeps the event");
+                changed = true;
+                break;
+            }
+        }
+    }
+    if changed {
+        let from = r.calm - LOST_WRITES_REACH;
+        r.live_from = Some(r.live_from.map_or(from, |f| f.min(from)));
+    }
+    let (from, which) = match r.live_from {
+        Some(from) => (from.min(r.until - COMMIT_LAG), Changed::Live),
+        None => (r.until - COMMIT_LAG, Changed::Paid),
+    };
+    let (orders, now) = match lifecycle::changed_since(pool, from, which).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list the orders whose markers to write again");
+            return;
+        }
+    };
+    if !changed {
+        r.calm = now;
+    }
     for order in &orders {
-        let effect = if order.status == Status::Paid { SeatsEffect::Paid } else { SeatsEffect::Released };
-        if let Err(e) = holds.after_change(order, effect).await {
+        if let Err(e) = holds.restore(order).await {
             tracing::warn!(error = %e, order = %order.id, "could not repair the Redis markers; retrying next tick");
             return;
         }
     }
-    *since = now;
+    if which == Changed::Live {
+        tracing::info!(
+            orders = orders.len(),
+            "a Redis server changed: the markers of recent orders were written again"
+        );
+        metrics::counter!("booking_markers_restored_total").increment(orders.len() as u64);
+        r.live_from = None;
+    }
+    r.until = now;
 }
 
 /// Lapses one step takes per event at most; a longer backlog drains over the next steps.

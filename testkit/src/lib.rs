@@ -99,3 +99,70 @@ pub fn settings_bodies() -> impl proptest::strategy::Strategy<Value = serde_json
     prop::collection::vec((name, value), 0..6)
         .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()))
 }
+
+/// A Redis server of the test's own, so it can be killed, started again, or lose its data.
+pub struct OwnRedis {
+    pub child: std::process::Child,
+    pub port: u16,
+    /// Where it keeps its append-only file, when it keeps one.
+    dir: Option<std::path::PathBuf>,
+}
+
+impl OwnRedis {
+    pub async fn start() -> Self {
+        Self::spawn(free_port(), None).await
+    }
+
+    /// A Redis that persists as the stack's does: the append-only file, fsynced every second.
+    pub async fn start_persistent() -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("onsale-redis-{port}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("Redis's directory");
+        Self::spawn(port, Some(dir)).await
+    }
+
+    async fn spawn(port: u16, dir: Option<std::path::PathBuf>) -> Self {
+        Self { child: Self::server(port, dir.as_deref()).await, port, dir }
+    }
+
+    /// A redis-server on `port`, listening; persisting in `dir` if given.
+    async fn server(port: u16, dir: Option<&std::path::Path>) -> std::process::Child {
+        let mut cmd = std::process::Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""]);
+        match dir {
+            Some(dir) => cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]).arg("--dir").arg(dir),
+            None => cmd.args(["--appendonly", "no"]),
+        };
+        let child =
+            cmd.stdout(std::process::Stdio::null()).spawn().expect("redis-server (installed by deploy/stack services)");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "redis-server did not listen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        child
+    }
+
+    /// Stops the server, cleanly (`SHUTDOWN`, which writes what it has) or not (SIGKILL), and starts it again on
+    /// the same port and files.
+    pub async fn restart(&mut self, clean: bool) {
+        if clean {
+            let _ = std::process::Command::new("redis-cli").args(["-p", &self.port.to_string(), "shutdown"]).status();
+        } else {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        self.child = Self::server(self.port, self.dir.as_deref()).await;
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}

@@ -10,6 +10,7 @@ use redis::Script;
 use redisconn::Conn;
 
 use super::StoreError;
+use crate::domain::order::Status;
 use crate::domain::{EventId, HoldToken, MapVersion, SeatId, SeatStatus, split_seats};
 
 /// The start of a seat's Redis value once it is in an order ("sold:<hold token>"; see `lua/reserve_seats.lua`).
@@ -71,6 +72,11 @@ impl Keys {
         format!("{}seatmap:{{ev{event}}}:taken", self.prefix)
     }
 
+    /// The run id of the Redis server that last said it keeps the event's keys (see `lua/seatmap_server.lua`).
+    pub fn server(&self, event: EventId) -> String {
+        format!("{}seatmap:{{ev{event}}}:server", self.prefix)
+    }
+
     /// The event's seat map keys every state-changing script takes, in this order: version, log, lapses, taken.
     pub fn map(&self, event: EventId) -> [String; 4] {
         [self.version(event), self.log(event), self.lapses(event), self.taken(event)]
@@ -98,6 +104,7 @@ pub mod sources {
     pub const RELEASE_SEATS: &str = changes_seats!("release_seats.lua");
     pub const SEATMAP_LAPSE: &str = changes_seats!("seatmap_lapse.lua");
     pub const VERIFY_HOLD: &str = include_str!("../../../lua/verify_hold.lua");
+    pub const SEATMAP_SERVER: &str = include_str!("../../../lua/seatmap_server.lua");
     /// Deletes a key if it still has the given value.
     pub const UNCLAIM_KEY: &str =
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
@@ -112,6 +119,7 @@ struct Scripts {
     lapse: Script,
     verify: Script,
     unclaim: Script,
+    server: Script,
 }
 
 impl Scripts {
@@ -125,6 +133,7 @@ impl Scripts {
             lapse: Script::new(sources::SEATMAP_LAPSE),
             verify: Script::new(sources::VERIFY_HOLD),
             unclaim: Script::new(sources::UNCLAIM_KEY),
+            server: Script::new(sources::SEATMAP_SERVER),
         }
     }
 }
@@ -582,6 +591,32 @@ impl Holds {
             SeatsEffect::Released => self.release_order(order.event, &on).await?,
         };
         Ok(())
+    }
+
+    /// Writes an order's markers again as Postgres has the order now, whatever Redis holds for its seats (it
+    /// may have lost them, or a hold made after the loss may sit on them): sold for good if paid, taken until
+    /// the deadline if reserved and not past it, released otherwise.
+    pub async fn restore(&self, order: &super::lifecycle::OrderRow) -> Result<(), StoreError> {
+        let seats = order.seat_ids();
+        let on = OrderSeats { token: order.hold, account: &order.account, seats: &seats };
+        match order.status {
+            Status::Paid => self.reserve(order.event, &on, Until::Paid, true).await?,
+            Status::Reserved if !order.deadline_passed => {
+                self.reserve(order.event, &on, Until::deadline(order.payment_due_at), true).await?
+            }
+            _ => self.release_order(order.event, &on).await?,
+        };
+        Ok(())
+    }
+
+    /// Whether the Redis server that keeps the event's keys is another than at the last call, or lost them:
+    /// restarted, failed over or flushed (`lua/seatmap_server.lua`). Then it may have lost its last writes.
+    pub async fn server_changed(&self, event: EventId) -> Result<bool, StoreError> {
+        let mut inv = self.scripts.server.prepare_invoke();
+        inv.key(self.keys.server(event));
+        let mut conn = self.conn.clone();
+        let same: i64 = self.run(inv.invoke_async(&mut conn)).await?;
+        Ok(same == 0)
     }
 
     /// How many seats the event's log says are held or sold now (a lapse counts once the lapse step logged it).

@@ -382,16 +382,32 @@ pub async fn due_with_payment(pool: &PgPool, batch: i64) -> Result<Vec<(OrderId,
     Ok(rows.into_iter().map(|(id, payment)| (OrderId(id), payment)).collect())
 }
 
-/// Orders that were paid and changed since `since` (paid, then maybe refunded or cancelled), with the
-/// database's time now (the next call's `since`). Their Redis markers never lapse by themselves, so the sweeper
-/// applies them again in case the follow-up after the commit never ran.
-pub async fn paid_changed_since(
+/// Which orders [`changed_since`] lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Changed {
+    /// Those that were paid (then maybe refunded or cancelled): their Redis markers never lapse by themselves.
+    Paid,
+    /// Those, and the reserved orders whose deadline has not passed: every order whose markers Redis must still
+    /// show. (An unpaid order cancelled before its deadline is not listed: its markers lapse at the deadline.)
+    Live,
+}
+
+/// Orders changed since `since`, as `which` says, with the database's time now (the next call's `since`). The
+/// sweeper applies their markers again in case the follow-up after the commit never ran, or Redis lost it.
+pub async fn changed_since(
     pool: &PgPool,
     since: OffsetDateTime,
+    which: Changed,
 ) -> Result<(Vec<OrderRow>, OffsetDateTime), StoreError> {
     let now: OffsetDateTime = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    // Each branch matches a partial index (orders_paid_updated, orders_reserved_due).
+    let reserved = match which {
+        Changed::Paid => "",
+        Changed::Live => " OR (o.status = 'reserved' AND o.payment_due_at > now() AND o.updated_at >= $1)",
+    };
     let sql = format!(
-        "SELECT {ORDER_COLUMNS} FROM orders o WHERE o.paid_at IS NOT NULL AND o.updated_at >= $1 ORDER BY o.updated_at"
+        "SELECT {ORDER_COLUMNS} FROM orders o WHERE (o.paid_at IS NOT NULL AND o.updated_at >= $1){reserved}
+         ORDER BY o.updated_at"
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(since).fetch_all(pool).await?;
     let orders = rows.iter().map(order_from_row).collect::<Result<_, _>>()?;

@@ -91,8 +91,6 @@ impl TestApp {
             "127.0.0.1:0",
             "--database-url",
             "postgres://unused-the-pool-is-given",
-            "--redis-url",
-            &url,
             "--redis-key-prefix",
             &prefix,
             "--admission-keys",
@@ -104,6 +102,7 @@ impl TestApp {
         ];
         // Defaults a test may override with its own flag.
         let defaults = [
+            ("--redis-url", url.as_str()),
             ("--payment-provider-url", provider.as_str()),
             ("--payment-webhook-url", webhook_url.as_str()),
             // Tests read the seat map right after changing it: no caching unless a test asks for it.
@@ -124,7 +123,14 @@ impl TestApp {
         let server = tokio::spawn(http::serve(listener, unix, state, async {
             let _ = rx.await;
         }));
-        let redis = testkit::redis().await;
+        let redis = match extra.iter().position(|a| *a == "--redis-url") {
+            Some(i) => redisconn::Target::parse(extra[i + 1])
+                .expect("a Redis URL")
+                .connected(redisconn::Options::default())
+                .await
+                .expect("the test's Redis answers"),
+            None => testkit::redis().await,
+        };
         Self {
             base,
             client: reqwest::Client::new(),
@@ -160,8 +166,12 @@ impl TestApp {
         }
     }
 
+    /// This test's Redis keys, but those the sweeper writes by itself (which server keeps each event's keys).
     pub async fn redis_keys(&mut self) -> Vec<String> {
-        self.redis.keys(format!("{}*", self.prefix)).await.expect("KEYS")
+        let keys: Vec<String> = self.redis.keys(format!("{}*", self.prefix)).await.expect("KEYS");
+        let server = self.keys().server(booking::domain::EventId(0));
+        let (head, tail) = server.split_once("{ev0}").expect("the key names the event");
+        keys.into_iter().filter(|k| !(k.starts_with(head) && k.ends_with(tail))).collect()
     }
 
     /// Booking's key builder, under this test's prefix.

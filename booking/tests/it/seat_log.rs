@@ -227,6 +227,48 @@ async fn a_lapsed_hold_and_an_unpaid_order_past_its_deadline_are_logged_availabl
     app.stop().await;
 }
 
+/// A Redis restart that lost its writes (this one keeps no files, so it loses them all) loses the markers of
+/// the orders made just before: Postgres has them sold, and the map's log would say nothing of them (a reserved
+/// order's seats would come back as available when the hold they came from lapses). Booking meets the Redis
+/// that was gone and writes those markers again, and the log says sold.
+#[sqlx::test(migrations = "../migrations")]
+async fn after_redis_lost_its_last_writes_the_recent_orders_seats_are_marked_and_logged_sold_again(pool: PgPool) {
+    let mut redis_server = testkit::OwnRedis::start().await;
+    let url = format!("redis://127.0.0.1:{}/", redis_server.port);
+    let mut app = TestApp::spawn_with(pool, &["--redis-url", &url, "--sweep-interval-ms", "200"]).await;
+    let seats = app.seats_on_sale().await;
+    let (reserved, reserved_token) = app.reserve("fan-r", &seats[0..2]).await;
+    let (paid, paid_token) = app.reserve("fan-p", &seats[2..3]).await;
+    assert_eq!(app.pay(&paid, "payment.succeeded").await.body["outcome"], "paid");
+    // Past the window in which the sweeper writes paid orders again anyway.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let marked = [(seats[0], &reserved_token), (seats[1], &reserved_token), (seats[2], &paid_token)];
+    for (seat, token) in marked {
+        assert_eq!(app.seat_value(seat).await, Some(format!("sold:{token}")));
+    }
+
+    redis_server.restart(false).await;
+    let back = eventually(Duration::from_secs(15), async || {
+        let mut all = true;
+        for (seat, token) in marked {
+            // The test's own connection meets the restart too: its first command fails.
+            let value: Option<String> =
+                redis::cmd("GET").arg(app.seat_key(seat)).query_async(&mut app.redis).await.unwrap_or(None);
+            all &= value == Some(format!("sold:{token}"));
+        }
+        all
+    });
+    assert!(back.await, "the markers of both orders are written again");
+    let log: Vec<(i64, char)> = log_since(&mut app, 0).await.into_iter().flat_map(|(_, c)| c).collect();
+    for (seat, _) in marked {
+        assert!(log.contains(&(seat, 's')), "seat {seat} is logged sold again: {log:?}");
+    }
+    let (_, statuses) = status(&app).await;
+    assert_eq!([0, 1, 2].map(|i| statuses[&seats[i]]), ['s', 's', 's']);
+    assert_eq!(app.order("fan-r", &reserved).await.str("status"), "reserved");
+    app.stop().await;
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn a_hold_released_after_it_ran_out_but_before_its_lapse_was_logged_is_logged_available(pool: PgPool) {
     // No lapse step in this process: the release is the only thing that can log the lapse.

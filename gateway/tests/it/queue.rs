@@ -2,11 +2,11 @@
 //! fans, live changes, and Redis going away.
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use serde_json::json;
+use testkit::OwnRedis;
 use tokens::{Keyring, unix_now};
 
 use crate::harness::*;
@@ -428,72 +428,6 @@ async fn a_poll_counts_the_ticket_cookie_beside_an_account_token_and_names_an_ac
     assert_eq!(garbage.status, 200, "a valid ticket in the cookie still counts: {}", garbage.text);
     assert_eq!(upstream.hits(), 0);
     upstream.stop().await;
-}
-
-/// A Redis server of the test's own, so it can be killed.
-struct OwnRedis {
-    child: std::process::Child,
-    port: u16,
-    /// Where it keeps its append-only file, when it keeps one.
-    dir: Option<std::path::PathBuf>,
-}
-
-impl OwnRedis {
-    async fn start() -> Self {
-        Self::spawn(free_port(), None).await
-    }
-
-    /// A Redis that persists as the stack's does: the append-only file, fsynced every second.
-    async fn start_persistent() -> Self {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("onsale-redis-{port}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("Redis's directory");
-        Self::spawn(port, Some(dir)).await
-    }
-
-    async fn spawn(port: u16, dir: Option<std::path::PathBuf>) -> Self {
-        Self { child: Self::server(port, dir.as_deref()).await, port, dir }
-    }
-
-    /// A redis-server on `port`, listening; persisting in `dir` if given.
-    async fn server(port: u16, dir: Option<&std::path::Path>) -> std::process::Child {
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""]);
-        match dir {
-            Some(dir) => cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]).arg("--dir").arg(dir),
-            None => cmd.args(["--appendonly", "no"]),
-        };
-        let child = cmd.stdout(Stdio::null()).spawn().expect("redis-server (installed by deploy/stack services)");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not listen");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        child
-    }
-
-    /// Stops the server, cleanly (`SHUTDOWN`, which writes what it has) or not (SIGKILL), and starts it again on
-    /// the same port and files.
-    async fn restart(&mut self, clean: bool) {
-        if clean {
-            let _ = Command::new("redis-cli").args(["-p", &self.port.to_string(), "shutdown"]).status();
-        } else {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-        self.child = Self::server(self.port, self.dir.as_deref()).await;
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(dir) = &self.dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
