@@ -120,6 +120,9 @@ async fn confirm_lost_payments(pool: &PgPool, check: &PaymentCheck) -> Vec<Order
 /// may lose (the last second of its append-only file; what a failed-over master had not yet passed on).
 const LOST_WRITES_REACH: time::Duration = time::Duration::seconds(10);
 
+/// Orders one pass writes again at most.
+const REPAIR_BATCH: i64 = 1_000;
+
 /// Changes commit a little after their `updated_at`: each pass looks back this far past the last one.
 const COMMIT_LAG: time::Duration = time::Duration::seconds(2);
 
@@ -134,10 +137,11 @@ struct Repair {
 }
 
 impl Repair {
-    /// The first pass after a start looks back a day.
+    /// The first pass after a start looks back a day for paid orders, and, if a server changed, 10 s before
+    /// the start for the others (what a crash of booking and Redis together lost longer before is not found).
     fn new() -> Self {
-        let day_ago = time::OffsetDateTime::now_utc() - time::Duration::days(1);
-        Self { until: day_ago, calm: day_ago, live_from: None }
+        let now = time::OffsetDateTime::now_utc();
+        Self { until: now - time::Duration::days(1), calm: now, live_from: None }
     }
 }
 
@@ -155,11 +159,13 @@ async fn repair_markers(pool: &PgPool, holds: &Holds, r: &mut Repair) {
             return;
         }
     };
+    // One call per event, all at once on the multiplexed connection (on a cluster, the events' slots may sit
+    // on different masters).
+    let answers = futures::future::join_all(events.iter().map(|&event| holds.server_changed(event))).await;
     let mut changed = false;
-    for &event in &events {
-        match holds.server_changed(event).await {
-            Ok(false) => {}
-            Ok(true) => changed = true,
+    for (event, answer) in events.iter().zip(answers) {
+        match answer {
+            Ok(same_or_not) => changed |= same_or_not,
             Err(e) => {
                 // Redis is gone now: it may come back without its last writes.
                 tracing::warn!(error = %e, event = event.0, "could not ask Redis which server keeps the event");
@@ -176,7 +182,7 @@ async fn repair_markers(pool: &PgPool, holds: &Holds, r: &mut Repair) {
         Some(from) => (from.min(r.until - COMMIT_LAG), Changed::Live),
         None => (r.until - COMMIT_LAG, Changed::Paid),
     };
-    let (orders, now) = match lifecycle::changed_since(pool, from, which).await {
+    let (orders, now) = match lifecycle::changed_since(pool, from, which, REPAIR_BATCH).await {
         Ok(found) => found,
         Err(e) => {
             tracing::warn!(error = %e, "could not list the orders whose markers to write again");
@@ -186,11 +192,20 @@ async fn repair_markers(pool: &PgPool, holds: &Holds, r: &mut Repair) {
     if !changed {
         r.calm = now;
     }
-    for order in &orders {
+    for (order, _) in &orders {
         if let Err(e) = holds.restore(order).await {
             tracing::warn!(error = %e, order = %order.id, "could not repair the Redis markers; retrying next tick");
             return;
         }
+    }
+    if let Some((_, last)) = orders.last().filter(|_| orders.len() as i64 == REPAIR_BATCH) {
+        // More to write: the next pass goes on from the last one written (a start after a day of sales has
+        // tens of thousands of paid orders to write again; a batch a pass leaves Redis to the fans meanwhile).
+        r.until = *last + COMMIT_LAG;
+        if which == Changed::Live {
+            r.live_from = Some(*last);
+        }
+        return;
     }
     if which == Changed::Live {
         tracing::info!(

@@ -392,13 +392,15 @@ pub enum Changed {
     Live,
 }
 
-/// Orders changed since `since`, as `which` says, with the database's time now (the next call's `since`). The
-/// sweeper applies their markers again in case the follow-up after the commit never ran, or Redis lost it.
+/// Orders changed since `since`, as `which` says, the earliest `limit` of them, each with when it changed, and
+/// the database's time now (the next call's `since`, if fewer than `limit` came back). The sweeper applies their
+/// markers again in case the follow-up after the commit never ran, or Redis lost it.
 pub async fn changed_since(
     pool: &PgPool,
     since: OffsetDateTime,
     which: Changed,
-) -> Result<(Vec<OrderRow>, OffsetDateTime), StoreError> {
+    limit: i64,
+) -> Result<(Vec<(OrderRow, OffsetDateTime)>, OffsetDateTime), StoreError> {
     let now: OffsetDateTime = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     // Each branch matches a partial index (orders_paid_updated, orders_reserved_due).
     let reserved = match which {
@@ -406,11 +408,14 @@ pub async fn changed_since(
         Changed::Live => " OR (o.status = 'reserved' AND o.payment_due_at > now() AND o.updated_at >= $1)",
     };
     let sql = format!(
-        "SELECT {ORDER_COLUMNS} FROM orders o WHERE (o.paid_at IS NOT NULL AND o.updated_at >= $1){reserved}
-         ORDER BY o.updated_at"
+        "SELECT {ORDER_COLUMNS}, o.updated_at FROM orders o
+         WHERE (o.paid_at IS NOT NULL AND o.updated_at >= $1){reserved} ORDER BY o.updated_at LIMIT $2"
     );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(since).fetch_all(pool).await?;
-    let orders = rows.iter().map(order_from_row).collect::<Result<_, _>>()?;
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(since).bind(limit).fetch_all(pool).await?;
+    let orders = rows
+        .iter()
+        .map(|r| Ok((order_from_row(r)?, r.try_get("updated_at")?)))
+        .collect::<Result<_, StoreError>>()?;
     Ok((orders, now))
 }
 
