@@ -146,13 +146,14 @@ impl Repair {
 }
 
 /// Applies again, in Redis, what happened to orders lately: paid orders' seats marked sold for good, or
-/// released again if the order was then refunded or cancelled. When the Redis server that keeps an event's keys
-/// changed since the last pass (a restart, a failover, a flush: `Holds::server_changed`), it also marks again
+/// released again if the order was then refunded or cancelled. When the Redis server that keeps the keys of an
+/// event with recent orders changed since the last pass (a restart, a failover, a flush: `Holds::server_changed`), it also marks again
 /// the seats of every reserved order changed since shortly before: Redis may have lost those markers, and
 /// Postgres, which sold the seats, would show them sold while the seat map's log says free. Moves on to the
 /// database's time of this pass when every order listed was written.
 async fn repair_markers(pool: &PgPool, holds: &Holds, r: &mut Repair) {
-    let events = match orders::current_events(pool).await {
+    // Only events with orders a loss could touch are asked about (usually none, or the few on sale now).
+    let events = match lifecycle::events_changed_since(pool, r.calm - LOST_WRITES_REACH).await {
         Ok(events) => events,
         Err(e) => {
             tracing::warn!(error = %e, "could not list the events whose markers to check");

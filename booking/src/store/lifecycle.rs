@@ -392,6 +392,20 @@ pub enum Changed {
     Live,
 }
 
+/// The events with a live order (paid, or reserved before its deadline) changed since `since`: those whose
+/// Redis markers a loss of Redis's last writes could have taken.
+pub async fn events_changed_since(pool: &PgPool, since: OffsetDateTime) -> Result<Vec<EventId>, StoreError> {
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT DISTINCT o.event_id FROM orders o
+         WHERE (o.paid_at IS NOT NULL AND o.updated_at >= $1)
+            OR (o.status = 'reserved' AND o.payment_due_at > now() AND o.updated_at >= $1)",
+    )
+    .bind(since)
+    .fetch_all(pool)
+    .await?;
+    Ok(ids.into_iter().map(EventId).collect())
+}
+
 /// Orders changed since `since`, as `which` says, the earliest `limit` of them, each with when it changed, and
 /// the database's time now (the next call's `since`, if fewer than `limit` came back). The sweeper applies their
 /// markers again in case the follow-up after the commit never ran, or Redis lost it.
