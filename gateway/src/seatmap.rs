@@ -54,6 +54,10 @@ pub struct Frame {
     /// The versions it covers (`from` 0: a heartbeat or a resync, which cover none).
     pub from: u64,
     pub to: u64,
+    /// The version its entries were read after: it holds every entry of the log after `follows` up to `to`.
+    /// That is `from - 1`, except at a log's start, whose first version is Redis's clock: a frame read after
+    /// 0 holds the log from its first entry.
+    pub follows: u64,
     /// The SSE text.
     pub text: Bytes,
     /// A `resync` that ends every stream.
@@ -222,7 +226,7 @@ impl Feeds {
                     after = entries.last().map(|e| e.version);
                     read_last = entries.last().cloned();
                     feed.heard(after);
-                    if let Some(frame) = delta(&entries) {
+                    if let Some(frame) = delta(from, &entries) {
                         let _ = tx.send(Arc::new(frame));
                         metrics::counter!("gateway_seatmap_frames_total").increment(1);
                     }
@@ -273,14 +277,14 @@ async fn resume(
 
 /// A comment line: keeps the connection alive, and tells nothing.
 pub fn heartbeat() -> Frame {
-    Frame { from: 0, to: 0, text: Bytes::from_static(b": heartbeat\n\n"), ends: false }
+    Frame { from: 0, to: 0, follows: 0, text: Bytes::from_static(b": heartbeat\n\n"), ends: false }
 }
 
 /// One `delta` event for consecutive log entries (none for no entries): `id` is the last version, `data` is
 /// `{"from", "version", "at", "changes": [[seat_id, "a" | "h" | "s"], ...]}`, the changes in the order they
 /// were made (a seat may appear more than once; the last says where it stands); `at` is when the first of
 /// them was made (unix ms, Redis's clock), so a client can tell how fresh its map is.
-pub fn delta(entries: &[LogEntry]) -> Option<Frame> {
+pub fn delta(follows: u64, entries: &[LogEntry]) -> Option<Frame> {
     let (first, last) = (entries.first()?, entries.last()?);
     let mut text = String::with_capacity(64 + entries.iter().map(|e| e.changes.len() + 8).sum::<usize>());
     let _ = write!(
@@ -303,14 +307,14 @@ pub fn delta(entries: &[LogEntry]) -> Option<Frame> {
         }
     }
     text.push_str("]}\n\n");
-    Some(Frame { from: first.version, to: last.version, text: Bytes::from(text), ends: false })
+    Some(Frame { from: first.version, to: last.version, follows, text: Bytes::from(text), ends: false })
 }
 
 /// The log went back: Redis lost its last entries (a failover to a replica that had not received them, a
 /// restart from an append-only file a moment old) and gives their versions out again, for other changes. Every
 /// stream is told to reload the status.
 pub fn went_back(event: i64) -> Frame {
-    Frame { from: 0, to: 0, text: resync(event, "log_lost"), ends: true }
+    Frame { from: 0, to: 0, follows: 0, text: resync(event, "log_lost"), ends: true }
 }
 
 /// The first event of a fresh stream: the version the stream starts after, and where the status for it is.
@@ -338,18 +342,18 @@ mod tests {
 
     #[test]
     fn entries_coalesce_into_one_delta_in_order() {
-        let frame = delta(&[entry(7, "12:h,13:h"), entry(8, "12:a")]).expect("frame");
+        let frame = delta(6, &[entry(7, "12:h,13:h"), entry(8, "12:a")]).expect("frame");
         assert_eq!((frame.from, frame.to), (7, 8));
         assert_eq!(
             std::str::from_utf8(&frame.text).expect("utf-8"),
             "id: 8\nevent: delta\ndata: {\"from\":7,\"version\":8,\"at\":1007,\"changes\":[[12,\"h\"],[13,\"h\"],[12,\"a\"]]}\n\n"
         );
-        assert!(delta(&[]).is_none());
+        assert!(delta(0, &[]).is_none());
     }
 
     #[test]
     fn a_malformed_change_is_left_out_never_passed_on() {
-        let frame = delta(&[entry(3, "1:h,x:a,2:z,:s,3\"]:a,4:s")]).expect("frame");
+        let frame = delta(2, &[entry(3, "1:h,x:a,2:z,:s,3\"]:a,4:s")]).expect("frame");
         let text = std::str::from_utf8(&frame.text).expect("utf-8");
         assert!(text.contains("\"changes\":[[1,\"h\"],[4,\"s\"]]"), "{text}");
     }

@@ -124,9 +124,19 @@ async fn subscribe(
     }
 }
 
-/// Reads a subscription until it closes or `stop` is set, recording each delta's lateness.
-async fn read(mut sock: TcpStream, mut pending: String, sub: Arc<Sub>, hist: Arc<Histogram>, stop: Arc<AtomicBool>) {
-    let mut buf = vec![0u8; 8192];
+/// What the bench reads of a delta: its version and when it was committed (the changes are skipped unread).
+#[derive(serde::Deserialize)]
+struct Stamp {
+    version: Option<u64>,
+    at: Option<u64>,
+}
+
+/// Reads a subscription until it closes or `stop` is set, recording each delta's lateness. The client shares
+/// the box with the server, so it reads as little as it can: the bytes are scanned for events' ends, and only
+/// a `data` line's version and time are decoded.
+async fn read(mut sock: TcpStream, pending: String, sub: Arc<Sub>, hist: Arc<Histogram>, stop: Arc<AtomicBool>) {
+    let mut buf = vec![0u8; 16384];
+    let mut pending = pending.into_bytes();
     while !stop.load(Ordering::Relaxed) {
         let n = match tokio::time::timeout(Duration::from_millis(500), sock.read(&mut buf)).await {
             Ok(Ok(n)) if n > 0 => n,
@@ -134,21 +144,23 @@ async fn read(mut sock: TcpStream, mut pending: String, sub: Arc<Sub>, hist: Arc
             Err(_) => continue,
         };
         let received = now_ms();
-        pending.push_str(&String::from_utf8_lossy(&buf[..n]));
+        pending.extend_from_slice(&buf[..n]);
         // Chunked framing lines are noise here: events are found by their own lines.
-        while let Some(end) = pending.find("\n\n") {
-            let block: String = pending.drain(..end + 2).collect();
-            if block.contains("event: resync") {
+        let mut done = 0;
+        while let Some(end) = pending[done..].windows(2).position(|w| w == b"\n\n") {
+            let block = &pending[done..done + end];
+            done += end + 2;
+            if block.windows(13).any(|w| w == b"event: resync") {
                 sub.resyncs.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else { continue };
-            if let (Some(version), Some(at)) = (v["version"].as_u64(), v["at"].as_u64()) {
+            let Some(data) = block.split(|&b| b == b'\n').find_map(|l| l.strip_prefix(b"data: ")) else { continue };
+            if let Ok(Stamp { version: Some(version), at: Some(at) }) = serde_json::from_slice::<Stamp>(data) {
                 hist.record(received.saturating_sub(at));
                 sub.version.fetch_max(version, Ordering::Relaxed);
             }
         }
+        pending.drain(..done);
     }
 }
 

@@ -426,10 +426,8 @@ pub async fn changed_since(
          WHERE (o.paid_at IS NOT NULL AND o.updated_at >= $1){reserved} ORDER BY o.updated_at LIMIT $2"
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(since).bind(limit).fetch_all(pool).await?;
-    let orders = rows
-        .iter()
-        .map(|r| Ok((order_from_row(r)?, r.try_get("updated_at")?)))
-        .collect::<Result<_, StoreError>>()?;
+    let orders =
+        rows.iter().map(|r| Ok((order_from_row(r)?, r.try_get("updated_at")?))).collect::<Result<_, StoreError>>()?;
     Ok((orders, now))
 }
 

@@ -12,10 +12,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use super::reply::Reply;
 use crate::seatmap::{self, Feeds, Frame, Subscription};
@@ -27,6 +27,9 @@ const CATCH_UP_COUNT: usize = 1_000;
 /// Longest a stream waits for a feed that is just starting to read where the log ends (a Redis that does not
 /// answer by then gets the client a 503 with Retry-After).
 const FEED_START_WAIT: Duration = Duration::from_secs(2);
+
+/// Waiting frames are written together up to this many bytes (a single frame may be larger).
+const BATCH_BYTES: usize = 64 * 1024;
 
 /// Longest a write to a subscriber may take before it is dropped (a client that stopped reading).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,6 +59,7 @@ pub fn start(last_event_id: Option<&str>, query: Option<&str>) -> Result<Start, 
 /// The delta frames for the log's entries after `after` up to at least `upto`; `None` when the log does not
 /// reach back that far (trimmed, or lost with Redis's data).
 async fn catch_up(store: &QueueStore, event: i64, after: u64, upto: u64) -> Result<Option<Vec<Frame>>, StoreError> {
+    metrics::counter!("gateway_seatmap_catch_ups_total").increment(1);
     let mut frames = Vec::new();
     let mut at = after;
     while at < upto {
@@ -67,8 +71,8 @@ async fn catch_up(store: &QueueStore, event: i64, after: u64, upto: u64) -> Resu
         if first != at + 1 && !starts_the_log {
             return Ok(None);
         }
+        frames.extend(seatmap::delta(at, &entries));
         at = entries.last().map_or(at, |e| e.version);
-        frames.extend(seatmap::delta(&entries));
         if entries.len() < CATCH_UP_COUNT && at < upto {
             return Ok(None);
         }
@@ -150,49 +154,66 @@ pub async fn serve(
         return Ok(());
     }
     loop {
-        let frame = match rx.recv().await {
+        let mut frame = match rx.recv().await {
             Ok(frame) => frame,
-            Err(RecvError::Lagged(_)) => {
-                metrics::counter!("gateway_seatmap_resyncs_total", "reason" => "behind").increment(1);
-                let _ = session.write_response_body(Some(seatmap::resync(event, "behind")), true).await;
+            Err(e) => return end(session, event, e).await,
+        };
+        // Frames already waiting go out in the same write: a subscriber that fell behind (a slow client, a busy
+        // node) catches up in fewer, larger writes, so it costs the node less the further behind it is.
+        let mut out = BytesMut::new();
+        loop {
+            if frame.ends {
+                metrics::counter!("gateway_seatmap_resyncs_total", "reason" => "log_lost").increment(1);
+                out.extend_from_slice(&frame.text);
+                let _ = session.write_response_body(Some(out.freeze()), true).await;
                 return Ok(());
             }
-            Err(RecvError::Closed) => return Ok(()),
-        };
-        if frame.ends {
-            metrics::counter!("gateway_seatmap_resyncs_total", "reason" => "log_lost").increment(1);
-            let _ = session.write_response_body(Some(frame.text.clone()), true).await;
-            return Ok(());
-        }
-        let mut out: Vec<Bytes> = Vec::new();
-        if frame.from == 0 {
-            out.push(frame.text.clone());
-        } else if frame.to > last {
-            if frame.from == last + 1 {
-                out.push(frame.text.clone());
-                last = frame.to;
-            } else {
-                // The frame starts past this stream's last version (the feed began reading after this stream
-                // started) or before it (it covers versions the replay already sent): the log has exactly the
-                // versions after `last`, so every delta a client gets starts at its version plus one.
-                match catch_up(store, event, last, frame.to).await {
-                    Ok(Some(frames)) => {
-                        last = frames.last().map_or(last, |f| f.to);
-                        out.extend(frames.into_iter().map(|f| f.text));
-                    }
-                    Ok(None) | Err(_) => {
-                        let _ = session.write_response_body(Some(seatmap::resync(event, "gap")), true).await;
-                        return Ok(());
+            if frame.from == 0 {
+                out.extend_from_slice(&frame.text);
+            } else if frame.to > last {
+                if frame.follows == last {
+                    out.extend_from_slice(&frame.text);
+                    last = frame.to;
+                } else {
+                    // The frame starts past this stream's last version (the feed began reading after this stream
+                    // started) or before it (it covers versions the replay already sent): the log has exactly
+                    // the versions after `last`, so every delta a client gets starts at its version plus one.
+                    match catch_up(store, event, last, frame.to).await {
+                        Ok(Some(frames)) => {
+                            last = frames.last().map_or(last, |f| f.to);
+                            frames.iter().for_each(|f| out.extend_from_slice(&f.text));
+                        }
+                        Ok(None) | Err(_) => {
+                            out.extend_from_slice(&seatmap::resync(event, "gap"));
+                            let _ = session.write_response_body(Some(out.freeze()), true).await;
+                            return Ok(());
+                        }
                     }
                 }
             }
-        }
-        for text in out {
-            if session.write_response_body(Some(text), false).await.is_err() {
-                return Ok(());
+            if out.len() >= BATCH_BYTES {
+                break;
             }
+            frame = match rx.try_recv() {
+                Ok(next) => next,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Lagged(_)) => return end(session, event, RecvError::Lagged(0)).await,
+                Err(TryRecvError::Closed) => break,
+            };
+        }
+        if !out.is_empty() && session.write_response_body(Some(out.freeze()), false).await.is_err() {
+            return Ok(());
         }
     }
+}
+
+/// Ends a stream whose feed's channel said `e`: fallen behind (told to resync), or closed.
+async fn end(session: &mut Session, event: i64, e: RecvError) -> Result<(), Reply> {
+    if let RecvError::Lagged(_) = e {
+        metrics::counter!("gateway_seatmap_resyncs_total", "reason" => "behind").increment(1);
+        let _ = session.write_response_body(Some(seatmap::resync(event, "behind")), true).await;
+    }
+    Ok(())
 }
 
 async fn write_head(session: &mut Session) -> pingora::Result<()> {

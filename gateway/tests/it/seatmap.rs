@@ -141,6 +141,34 @@ async fn a_fresh_stream_says_its_version_then_carries_every_change_in_order() {
     assert_eq!(changes, expect);
 }
 
+/// The gateway's count of catch-up reads of the log (a stream reading Redis itself instead of its feed).
+async fn catch_ups(gw: &GatewayProcess) -> u64 {
+    let metrics = gw.send(gw.client.get(format!("{}/metrics", gw.admin))).await;
+    let line = metrics.text.lines().find_map(|l| l.strip_prefix("gateway_seatmap_catch_ups_total "));
+    line.and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_change_of_an_event_reaches_every_stream_from_the_feed_without_a_read_each() {
+    const STREAMS: usize = 200;
+    let prefix = prefix();
+    let (gw, _upstream) = gateway(&prefix).await;
+    // No log yet: every stream starts at version 0, and the log's first version is Redis's clock, not 1.
+    let mut subs = join_all((0..STREAMS).map(|_| Subscriber::open(&gw, "", None))).await;
+    for sub in &mut subs {
+        let hello = sub.next().await.expect("a first event");
+        assert_eq!((hello.event.as_str(), hello.data["version"].as_u64()), ("version", Some(0)));
+    }
+    let before = catch_ups(&gw).await;
+    let first = publish(&prefix, &["7:h"]).await;
+    assert!(first > 1_000_000, "a new log starts at Redis's clock: {first}");
+    let got = join_all(subs.iter_mut().map(|sub| sub.until(first))).await;
+    for (changes, spans) in got {
+        assert_eq!((changes, spans), (vec![(7, "h".to_owned())], vec![(first, first)]));
+    }
+    assert_eq!(catch_ups(&gw).await - before, 0, "the feed's frame follows version 0: no stream reads the log");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resuming_with_last_event_id_or_since_loses_nothing_and_a_stream_too_far_behind_resyncs() {
     let prefix = prefix();
