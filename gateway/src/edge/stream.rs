@@ -154,7 +154,15 @@ pub async fn serve(
         return Ok(());
     }
     loop {
-        let mut frame = match rx.recv().await {
+        let received = tokio::select! {
+            received = rx.recv() => received,
+            // A client sends nothing on a stream: a read that ends means it went away (or broke the protocol),
+            // and its connection and task go now rather than at the next write (up to a heartbeat away). A
+            // storm of reconnects would otherwise find the old connections still open and the process out of
+            // file descriptors.
+            _ = session.read_body_or_idle(true) => return Ok(()),
+        };
+        let mut frame = match received {
             Ok(frame) => frame,
             Err(e) => return end(session, event, e).await,
         };

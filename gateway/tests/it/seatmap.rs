@@ -169,6 +169,35 @@ async fn the_first_change_of_an_event_reaches_every_stream_from_the_feed_without
     assert_eq!(catch_ups(&gw).await - before, 0, "the feed's frame follows version 0: no stream reads the log");
 }
 
+/// The gateway's count of open streams.
+async fn streams_open(gw: &GatewayProcess) -> u64 {
+    let metrics = gw.send(gw.client.get(format!("{}/metrics", gw.admin))).await;
+    let line = metrics.text.lines().find_map(|l| l.strip_prefix("gateway_seatmap_subscribers "));
+    line.and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_went_away_ends_at_once_without_waiting_for_a_write() {
+    let prefix = prefix();
+    let (gw, _upstream) = gateway(&prefix).await;
+    let port: u16 = gw.base.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let request = format!("GET /events/{EVENT}/seats/stream HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n\r\n");
+    let mut socks = Vec::new();
+    for _ in 0..3 {
+        let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+        sock.write_all(request.as_bytes()).await.expect("request");
+        let mut buf = vec![0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), sock.read(&mut buf)).await.expect("head").expect("read");
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        socks.push(sock);
+    }
+    assert!(testkit::eventually(Duration::from_secs(5), async || streams_open(&gw).await == 3).await);
+    // Nothing is logged meanwhile, and the next heartbeat is 15 s away: only the closed socket tells.
+    socks.truncate(1);
+    let gone = testkit::eventually(Duration::from_secs(2), async || streams_open(&gw).await == 1);
+    assert!(gone.await, "two closed streams end within 2 s: {} open", streams_open(&gw).await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resuming_with_last_event_id_or_since_loses_nothing_and_a_stream_too_far_behind_resyncs() {
     let prefix = prefix();
