@@ -241,6 +241,14 @@ impl GatewayProcess {
         self.child.id()
     }
 
+    /// A metric from the node's admin listener, by its full name with labels (`name{label="v"}`), if it has
+    /// one yet.
+    pub async fn metric(&self, series: &str) -> Option<u64> {
+        let metrics = self.send(self.client.get(format!("{}/metrics", self.admin))).await;
+        let prefix = format!("{series} ");
+        metrics.text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).and_then(|v| v.trim().parse().ok())
+    }
+
     /// Sends a request; returns status, JSON body (Null if not JSON) and headers.
     pub async fn send(&self, req: reqwest::RequestBuilder) -> Reply {
         let res = req.send().await.expect("request reached the gateway");

@@ -32,8 +32,7 @@ async fn an_account_over_its_limit_gets_429_while_another_is_unaffected() {
 
 /// How many gateway nodes this node says share each account's budget (its `gateway_nodes` gauge).
 async fn nodes_seen(gw: &GatewayProcess) -> Option<u32> {
-    let metrics = gw.send(gw.client.get(format!("{}/metrics", gw.admin))).await;
-    metrics.text.lines().find_map(|l| l.strip_prefix("gateway_nodes ")).and_then(|v| v.trim().parse().ok())
+    gw.metric("gateway_nodes").await.and_then(|n| u32::try_from(n).ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,9 +43,7 @@ impl Drop for Stopped {
 
 /// The gateway's count of queue writes its replica did not acknowledge in time, with `outcome`.
 async fn unreplicated(gw: &GatewayProcess, outcome: &str) -> u64 {
-    let metrics = gw.send(gw.client.get(format!("{}/metrics", gw.admin))).await;
-    let line = format!("waiting_room_unreplicated_writes_total{{outcome=\"{outcome}\"}} ");
-    metrics.text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |v| v.trim().parse().expect("a count"))
+    gw.metric(&format!("waiting_room_unreplicated_writes_total{{outcome=\"{outcome}\"}}")).await.unwrap_or(0)
 }
 
 /// One gateway on the cluster whose queue writes wait up to `wait_ms` for one replica, and an open room.

@@ -143,9 +143,7 @@ async fn a_fresh_stream_says_its_version_then_carries_every_change_in_order() {
 
 /// The gateway's count of catch-up reads of the log (a stream reading Redis itself instead of its feed).
 async fn catch_ups(gw: &GatewayProcess) -> u64 {
-    let metrics = gw.send(gw.client.get(format!("{}/metrics", gw.admin))).await;
-    let line = metrics.text.lines().find_map(|l| l.strip_prefix("gateway_seatmap_catch_ups_total "));
-    line.and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    gw.metric("gateway_seatmap_catch_ups_total").await.unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,9 +169,7 @@ async fn the_first_change_of_an_event_reaches_every_stream_from_the_feed_without
 
 /// The gateway's count of open streams.
 async fn streams_open(gw: &GatewayProcess) -> u64 {
-    let metrics = gw.send(gw.client.get(format!("{}/metrics", gw.admin))).await;
-    let line = metrics.text.lines().find_map(|l| l.strip_prefix("gateway_seatmap_subscribers "));
-    line.and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    gw.metric("gateway_seatmap_subscribers").await.unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
