@@ -145,11 +145,11 @@ impl Repair {
     }
 }
 
-/// Applies again, in Redis, what happened to orders lately: paid orders' seats marked sold for good, or
-/// released again if the order was then refunded or cancelled. When the Redis server that keeps the keys of an
-/// event with recent orders changed since the last pass (a restart, a failover, a flush: `Holds::server_changed`), it also marks again
-/// the seats of every reserved order changed since shortly before: Redis may have lost those markers, and
-/// Postgres, which sold the seats, would show them sold while the seat map's log says free. Moves on to the
+/// Applies again, in Redis, what happened to orders lately: paid orders' seats marked sold for good, or released
+/// again if the order was then refunded or cancelled. When the Redis server that keeps the keys of an event with
+/// recent orders changed since the last pass (a restart, a failover, a flush: `Holds::server_changed`), it also
+/// marks again the seats of every reserved order changed since shortly before: Redis may have lost those markers,
+/// and Postgres, which sold the seats, would show them sold while the seat map's log says free. Moves on to the
 /// database's time of this pass when every order listed was written.
 async fn repair_markers(pool: &PgPool, holds: &Holds, r: &mut Repair) {
     // Only events with orders a loss could touch are asked about (usually none, or the few on sale now).
