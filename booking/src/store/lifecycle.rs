@@ -392,17 +392,25 @@ pub enum Changed {
     Live,
 }
 
+impl Changed {
+    /// The condition on an order `o` changed since `$1`. Each branch matches a partial index
+    /// (orders_paid_updated, orders_reserved_due).
+    fn condition(self) -> &'static str {
+        match self {
+            Changed::Paid => "(o.paid_at IS NOT NULL AND o.updated_at >= $1)",
+            Changed::Live => {
+                "((o.paid_at IS NOT NULL AND o.updated_at >= $1)
+                  OR (o.status = 'reserved' AND o.payment_due_at > now() AND o.updated_at >= $1))"
+            }
+        }
+    }
+}
+
 /// The events with a live order (paid, or reserved before its deadline) changed since `since`: those whose
 /// Redis markers a loss of Redis's last writes could have taken.
 pub async fn events_changed_since(pool: &PgPool, since: OffsetDateTime) -> Result<Vec<EventId>, StoreError> {
-    let ids: Vec<i64> = sqlx::query_scalar(
-        "SELECT DISTINCT o.event_id FROM orders o
-         WHERE (o.paid_at IS NOT NULL AND o.updated_at >= $1)
-            OR (o.status = 'reserved' AND o.payment_due_at > now() AND o.updated_at >= $1)",
-    )
-    .bind(since)
-    .fetch_all(pool)
-    .await?;
+    let sql = format!("SELECT DISTINCT o.event_id FROM orders o WHERE {}", Changed::Live.condition());
+    let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(since).fetch_all(pool).await?;
     Ok(ids.into_iter().map(EventId).collect())
 }
 
@@ -416,14 +424,9 @@ pub async fn changed_since(
     limit: i64,
 ) -> Result<(Vec<(OrderRow, OffsetDateTime)>, OffsetDateTime), StoreError> {
     let now: OffsetDateTime = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
-    // Each branch matches a partial index (orders_paid_updated, orders_reserved_due).
-    let reserved = match which {
-        Changed::Paid => "",
-        Changed::Live => " OR (o.status = 'reserved' AND o.payment_due_at > now() AND o.updated_at >= $1)",
-    };
     let sql = format!(
-        "SELECT {ORDER_COLUMNS}, o.updated_at FROM orders o
-         WHERE (o.paid_at IS NOT NULL AND o.updated_at >= $1){reserved} ORDER BY o.updated_at LIMIT $2"
+        "SELECT {ORDER_COLUMNS}, o.updated_at FROM orders o WHERE {} ORDER BY o.updated_at LIMIT $2",
+        which.condition()
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(since).bind(limit).fetch_all(pool).await?;
     let orders =
