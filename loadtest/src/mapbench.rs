@@ -5,7 +5,7 @@
 //! change, the gateway's memory per subscriber, the reconnect storm, and the status's size.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -124,48 +124,129 @@ async fn subscribe(
     }
 }
 
-/// What the bench reads of a delta: its version and when it was committed (the changes are skipped unread).
-#[derive(serde::Deserialize)]
-struct Stamp {
-    version: Option<u64>,
-    at: Option<u64>,
+/// What one event of a stream is, to the bench.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Delta { version: u64, at: u64 },
+    Resync,
+    Other,
 }
 
-/// Reads a subscription until it closes or `stop` is set, recording each delta's lateness. The client shares
-/// the box with the server, so it reads as little as it can: the bytes are scanned for events' ends, and only
-/// a `data` line's version and time are decoded.
-async fn read(mut sock: TcpStream, pending: String, sub: Arc<Sub>, hist: Arc<Histogram>, stop: Arc<AtomicBool>) {
+/// The number right after `key` in `text`, if any.
+fn number_after(text: &[u8], key: &[u8]) -> Option<u64> {
+    let start = memchr::memmem::find(text, key)? + key.len();
+    let digits = text[start..].iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&text[start..start + digits]).ok()?.parse().ok()
+}
+
+/// Reads one event (the text between two blank lines, chunk-size lines included): only a delta's version and
+/// time, which come first in its data; the changes are never scanned.
+fn seen(block: &[u8]) -> Seen {
+    let head = &block[..block.len().min(160)];
+    if memchr::memmem::find(head, b"event: resync").is_some() {
+        return Seen::Resync;
+    }
+    if memchr::memmem::find(head, b"event: delta").is_none() {
+        return Seen::Other;
+    }
+    match (number_after(head, b"\"version\":"), number_after(head, b"\"at\":")) {
+        (Some(version), Some(at)) => Seen::Delta { version, at },
+        _ => Seen::Other,
+    }
+}
+
+/// Reads a subscription until it closes (or its task is aborted), recording each delta's lateness. The client
+/// shares the box with the server, so it reads as little as it can: events' ends are found with memchr, and
+/// only the head of each is looked at.
+async fn read(mut sock: TcpStream, pending: String, sub: Arc<Sub>, hist: Arc<Histogram>) {
+    let ends = memchr::memmem::Finder::new(b"\n\n");
     let mut buf = vec![0u8; 16384];
     let mut pending = pending.into_bytes();
-    while !stop.load(Ordering::Relaxed) {
-        let n = match tokio::time::timeout(Duration::from_millis(500), sock.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => n,
-            Ok(_) => return,
-            Err(_) => continue,
+    loop {
+        let n = match sock.read(&mut buf).await {
+            Ok(n) if n > 0 => n,
+            _ => return,
         };
         let received = now_ms();
         pending.extend_from_slice(&buf[..n]);
-        // Chunked framing lines are noise here: events are found by their own lines.
         let mut done = 0;
-        while let Some(end) = pending[done..].windows(2).position(|w| w == b"\n\n") {
+        while let Some(end) = ends.find(&pending[done..]) {
             let block = &pending[done..done + end];
             done += end + 2;
-            if block.windows(13).any(|w| w == b"event: resync") {
-                sub.resyncs.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            let Some(data) = block.split(|&b| b == b'\n').find_map(|l| l.strip_prefix(b"data: ")) else { continue };
-            if let Ok(Stamp { version: Some(version), at: Some(at) }) = serde_json::from_slice::<Stamp>(data) {
-                hist.record(received.saturating_sub(at));
-                sub.version.fetch_max(version, Ordering::Relaxed);
+            match seen(block) {
+                Seen::Resync => {
+                    sub.resyncs.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Seen::Delta { version, at } => {
+                    hist.record(received.saturating_sub(at));
+                    sub.version.fetch_max(version, Ordering::Relaxed);
+                }
+                Seen::Other => {}
             }
         }
         pending.drain(..done);
     }
 }
 
+/// Drops every subscription (their tasks end and close their sockets) and waits until they have.
+async fn drop_all(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    tasks.iter().for_each(|t| t.abort());
+    join_all(tasks).await;
+}
+
+/// CPU time (user and system, in clock ticks) of a process, and of the whole machine.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; the fields after it do not.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+fn machine_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu = stat.lines().next()?.strip_prefix("cpu ")?;
+    let f: Vec<u64> = cpu.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    // Everything but idle and iowait is busy.
+    let [user, nice, system, _idle, _iowait, irq, softirq, ..] = f[..] else { return None };
+    Some(user + nice + system + irq + softirq)
+}
+
+/// Where the machine's CPU went over a span: the gateway, this client, everything else.
+struct CpuSpan {
+    gateway: Option<u64>,
+    client: Option<u64>,
+    machine: Option<u64>,
+    at: Instant,
+}
+
+impl CpuSpan {
+    fn start(gateway_pid: Option<u32>) -> Self {
+        Self {
+            gateway: gateway_pid.and_then(cpu_ticks),
+            client: cpu_ticks(std::process::id()),
+            machine: machine_ticks(),
+            at: Instant::now(),
+        }
+    }
+
+    /// "gateway / client / the rest", in cores.
+    fn report(&self, gateway_pid: Option<u32>) -> String {
+        let now = Self::start(gateway_pid);
+        let seconds = self.at.elapsed().as_secs_f64();
+        let cores = |a: Option<u64>, b: Option<u64>| Some((b? - a?) as f64 / 100.0 / seconds);
+        let (g, c, m) =
+            (cores(self.gateway, now.gateway), cores(self.client, now.client), cores(self.machine, now.machine));
+        match (g, c, m) {
+            (Some(g), Some(c), Some(m)) => format!("{g:.2} / {c:.2} / {:.2}", (m - g - c).max(0.0)),
+            _ => "-".to_owned(),
+        }
+    }
+}
+
 /// Runs the bench and prints its report (markdown).
 pub async fn run(b: Bench) -> anyhow::Result<()> {
+    let b = Arc::new(b);
     let addr = host_port(&b.gateway)?;
     let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
     let status = read_status(&client, &b.gateway, b.event).await.context("the event's status")?;
@@ -175,7 +256,6 @@ pub async fn run(b: Bench) -> anyhow::Result<()> {
     anyhow::ensure!(seats.len() >= 100, "the event needs at least 100 free seats");
 
     let hist = Arc::new(Histogram::new());
-    let stop = Arc::new(AtomicBool::new(false));
     let subs: Vec<Arc<Sub>> =
         (0..b.subscribers).map(|_| Arc::new(Sub { version: AtomicU64::new(0), resyncs: AtomicU64::new(0) })).collect();
     let rss_before = b.gateway_pid.and_then(rss_kib);
@@ -187,7 +267,7 @@ pub async fn run(b: Bench) -> anyhow::Result<()> {
         for (&i, result) in wave.iter().zip(results) {
             let (sock, rest) = result.with_context(|| format!("subscription {i}"))?;
             subs[i].version.store(status.version, Ordering::Relaxed);
-            tasks.push(tokio::spawn(read(sock, rest, subs[i].clone(), hist.clone(), stop.clone())));
+            tasks.push(tokio::spawn(read(sock, rest, subs[i].clone(), hist.clone())));
         }
     }
     let open_seconds = opened.elapsed().as_secs_f64();
@@ -195,7 +275,9 @@ pub async fn run(b: Bench) -> anyhow::Result<()> {
     let rss_during = b.gateway_pid.and_then(rss_kib);
 
     eprintln!("map-bench: {} changes a second for {} s", b.changes_per_second, b.seconds);
-    let changes = produce(&b, &client, &seats).await?;
+    let cpu = CpuSpan::start(b.gateway_pid);
+    let changes = produce_apart(&b, &seats).await?;
+    let cpu = cpu.report(b.gateway_pid);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let last = read_status(&client, &b.gateway, b.event).await.map(|s| s.version).unwrap_or(0);
     let caught_up = subs.iter().filter(|s| s.version.load(Ordering::Relaxed) >= last).count();
@@ -203,19 +285,15 @@ pub async fn run(b: Bench) -> anyhow::Result<()> {
     let (p50, p95, p99, max) = (hist.quantile(0.50), hist.quantile(0.95), hist.quantile(0.99), hist.quantile(1.0));
 
     // The storm: every subscriber drops and comes back at once, resuming from the last version it saw.
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = t.await;
-    }
-    stop.store(false, Ordering::Relaxed);
+    drop_all(tasks).await;
     let storm_hist = Arc::new(Histogram::new());
     let storm = Instant::now();
     let resumed = AtomicUsize::new(0);
     let mut tasks = Vec::with_capacity(b.subscribers);
     let results = join_all((0..b.subscribers).map(|i| {
         let since = subs[i].version.load(Ordering::Relaxed);
-        let addr = &addr;
-        async move { (i, subscribe(addr, b.event, i, Some(since), since).await) }
+        let (addr, event) = (&addr, b.event);
+        async move { (i, subscribe(addr, event, i, Some(since), since).await) }
     }))
     .await;
     let mut refusals: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
@@ -223,7 +301,7 @@ pub async fn run(b: Bench) -> anyhow::Result<()> {
         match result {
             Ok((sock, rest)) => {
                 resumed.fetch_add(1, Ordering::Relaxed);
-                tasks.push(tokio::spawn(read(sock, rest, subs[i].clone(), storm_hist.clone(), stop.clone())));
+                tasks.push(tokio::spawn(read(sock, rest, subs[i].clone(), storm_hist.clone())));
             }
             Err(e) => *refusals.entry(e.to_string()).or_default() += 1,
         }
@@ -242,10 +320,7 @@ pub async fn run(b: Bench) -> anyhow::Result<()> {
     }
     let storm_caught_up = subs.iter().filter(|s| s.version.load(Ordering::Relaxed) >= after).count();
     let storm_resyncs: u64 = subs.iter().map(|s| s.resyncs.load(Ordering::Relaxed)).sum::<u64>() - resyncs_before;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = t.await;
-    }
+    drop_all(tasks).await;
 
     let plain = status_size(&b).await?;
     let per_sub = match (rss_before, rss_during) {
@@ -257,6 +332,7 @@ pub async fn run(b: Bench) -> anyhow::Result<()> {
          | subscribers (opened in) | {} ({open_seconds:.1} s) |\n\
          | changes made (holds and releases through booking) | {changes} in {} s |\n\
          | delta latency, commit to receipt, p50 / p95 / p99 / max | {p50} / {p95} / {p99} / {max} ms ({samples} deltas received) |\n\
+         | CPU while the changes were made, cores: gateway / this client / the rest of the box | {cpu} |\n\
          | subscribers that saw the last version | {caught_up} of {} |\n\
          | gateway memory per subscriber | {per_sub} |\n\
          | reconnect storm: resumed with Last-Event-ID | {} of {} in {storm_seconds:.1} s; {storm_caught_up} then got the next change; {storm_resyncs} resyncs |\n\
@@ -275,6 +351,20 @@ pub async fn run(b: Bench) -> anyhow::Result<()> {
 fn proof(b: &Bench, account: &str) -> anyhow::Result<String> {
     let claims = AdmissionClaims::new(AccountId::parse(account)?, b.event, unix_now(), 3600);
     Ok(b.admission.sign(&claims))
+}
+
+/// [`produce`] on a thread and runtime of its own: the subscribers' tasks keep this process's workers busy,
+/// and would otherwise delay the producer's ticks (the rate it sets is the load the gateway is measured under).
+async fn produce_apart(b: &Arc<Bench>, seats: &[i64]) -> anyhow::Result<u64> {
+    let (b, seats) = (b.clone(), seats.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        runtime.block_on(async {
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+            produce(&b, &client, &seats).await
+        })
+    })
+    .await?
 }
 
 /// Holds and releases seats through booking at `changes_per_second` for `seconds`: each hold of one seat is one
@@ -336,4 +426,19 @@ async fn status_size(b: &Bench) -> anyhow::Result<usize> {
     let res = client.get(&url).header("x-forwarded-for", "10.253.0.1").send().await?;
     anyhow::ensure!(res.status().is_success(), "GET {url}: {}", res.status());
     Ok(res.bytes().await?.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delta_is_read_from_its_head_and_a_resync_is_told_apart() {
+        let delta = b"\r\n9A\r\nid: 8\nevent: delta\ndata: {\"from\":7,\"version\":8,\"at\":1700000000123,\"changes\":[[1,\"h\"]]}";
+        assert_eq!(seen(delta), Seen::Delta { version: 8, at: 1_700_000_000_123 });
+        assert_eq!(seen(b"event: resync\ndata: {\"reason\":\"behind\"}"), Seen::Resync);
+        assert_eq!(seen(b"retry: 1000\nid: 5\nevent: version\ndata: {\"version\":5}"), Seen::Other);
+        assert_eq!(seen(b": heartbeat"), Seen::Other);
+        assert_eq!(seen(b"event: delta\ndata: {\"from\":7}"), Seen::Other, "no version or time: not counted");
+    }
 }
