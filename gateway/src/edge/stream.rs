@@ -155,6 +155,8 @@ pub async fn serve(
     }
     loop {
         let received = tokio::select! {
+            // A frame first: a wake-up for a frame then polls nothing else.
+            biased;
             received = rx.recv() => received,
             // A client sends nothing on a stream: a read that ends means it went away (or broke the protocol),
             // and its connection and task go now rather than at the next write (up to a heartbeat away). A
@@ -168,19 +170,19 @@ pub async fn serve(
         };
         // Frames already waiting go out in the same write: a subscriber that fell behind (a slow client, a busy
         // node) catches up in fewer, larger writes, so it costs the node less the further behind it is.
-        let mut out = BytesMut::new();
+        let mut out = Batch::default();
         loop {
             if frame.ends {
                 metrics::counter!("gateway_seatmap_resyncs_total", "reason" => "log_lost").increment(1);
-                out.extend_from_slice(&frame.text);
-                let _ = session.write_response_body(Some(out.freeze()), true).await;
+                out.push(&frame.text);
+                let _ = session.write_response_body(out.take(), true).await;
                 return Ok(());
             }
             if frame.from == 0 {
-                out.extend_from_slice(&frame.text);
+                out.push(&frame.text);
             } else if frame.to > last {
                 if frame.follows == last {
-                    out.extend_from_slice(&frame.text);
+                    out.push(&frame.text);
                     last = frame.to;
                 } else {
                     // The frame starts past this stream's last version (the feed began reading after this stream
@@ -189,11 +191,11 @@ pub async fn serve(
                     match catch_up(store, event, last, frame.to).await {
                         Ok(Some(frames)) => {
                             last = frames.last().map_or(last, |f| f.to);
-                            frames.iter().for_each(|f| out.extend_from_slice(&f.text));
+                            frames.iter().for_each(|f| out.push(&f.text));
                         }
                         Ok(None) | Err(_) => {
-                            out.extend_from_slice(&seatmap::resync(event, "gap"));
-                            let _ = session.write_response_body(Some(out.freeze()), true).await;
+                            out.push(&seatmap::resync(event, "gap"));
+                            let _ = session.write_response_body(out.take(), true).await;
                             return Ok(());
                         }
                     }
@@ -209,9 +211,42 @@ pub async fn serve(
                 Err(TryRecvError::Closed) => break,
             };
         }
-        if !out.is_empty() && session.write_response_body(Some(out.freeze()), false).await.is_err() {
+        if let Some(text) = out.take()
+            && session.write_response_body(Some(text), false).await.is_err()
+        {
             return Ok(());
         }
+    }
+}
+
+/// The frames of one write. A lone frame (the usual case: a subscriber that keeps up) goes out as the feed's
+/// own bytes, shared by every subscriber; only several are copied into one buffer.
+#[derive(Default)]
+struct Batch {
+    one: Option<Bytes>,
+    more: BytesMut,
+}
+
+impl Batch {
+    fn push(&mut self, text: &Bytes) {
+        match self.one.take() {
+            None if self.more.is_empty() => self.one = Some(text.clone()),
+            first => {
+                if let Some(first) = first {
+                    self.more.extend_from_slice(&first);
+                }
+                self.more.extend_from_slice(text);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.one.as_ref().map_or(self.more.len(), Bytes::len)
+    }
+
+    /// What to write, if anything.
+    fn take(&mut self) -> Option<Bytes> {
+        self.one.take().or_else(|| (!self.more.is_empty()).then(|| std::mem::take(&mut self.more).freeze()))
     }
 }
 
@@ -238,6 +273,24 @@ async fn write_head(session: &mut Session) -> pingora::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lone_frame_is_written_as_is_and_several_in_order() {
+        let (a, b, c) = (Bytes::from_static(b"a"), Bytes::from_static(b"bb"), Bytes::from_static(b"ccc"));
+        let mut batch = Batch::default();
+        assert_eq!(batch.take(), None);
+        batch.push(&a);
+        assert_eq!(batch.len(), 1);
+        let lone = batch.take().expect("one frame");
+        assert_eq!(lone.as_ptr(), a.as_ptr(), "the feed's bytes, not a copy");
+        assert_eq!(batch.take(), None);
+        for text in [&a, &b, &c] {
+            batch.push(text);
+        }
+        assert_eq!(batch.len(), 6);
+        assert_eq!(batch.take().as_deref(), Some(&b"abbccc"[..]));
+        assert_eq!(batch.take(), None);
+    }
 
     #[test]
     fn a_stream_starts_from_last_event_id_then_since_then_now() {
