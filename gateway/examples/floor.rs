@@ -10,6 +10,7 @@
 //! and each read of booking's answer waits at most 10 s (each costs a timer per request).
 
 use async_trait::async_trait;
+use pingora::modules::http::HttpModules;
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::server::Server;
 use pingora::server::configuration::ServerConf;
@@ -30,6 +31,9 @@ impl ProxyHttp for Floor {
     type CTX = ();
 
     fn new_ctx(&self) {}
+
+    // No downstream module (pingora adds a switched-off compression module by default), as in the gateway.
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut ()) -> pingora::Result<()> {
         if self.keepalive.is_some() && session.get_keepalive() == Some(0) {

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use pingora::ErrorType::{ConnectionClosed, HTTPStatus, ReadError, WriteError};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::lb::Backend;
+use pingora::modules::http::HttpModules;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource};
@@ -403,6 +404,11 @@ impl ProxyHttp for Edge {
     fn new_ctx(&self) -> Ctx {
         Ctx::default()
     }
+
+    // Pingora adds a response compression module by default, switched off, whose filters still run on every
+    // request and every piece of every body (each frame of each live map stream). Booking compresses what is
+    // worth it, and the gateway's own answers are small: no module runs.
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> pingora::Result<()> {
         // Requests a client sends before reading the answers are answered in order on the same connection.
