@@ -353,6 +353,26 @@ impl Edge {
         }
     }
 
+    /// Answers the request here, or leaves it to go to booking (`Ok(false)`).
+    ///
+    /// A live map's stream runs inside this future for as long as the fan follows it, so everything that
+    /// runs only for other requests (the queue, a body read, an answer's write) is boxed: this future stays
+    /// small, and so does every stream's share of memory.
+    async fn filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
+        let Some(reply) = self.answer(session, ctx).await else { return Ok(ctx.streamed) };
+        Box::pin(async move {
+            if matches!(reply.status, 400 | 408 | 413 | 501) {
+                // The rest of the request was not read, or cannot be trusted: nothing more on this connection.
+                session.set_keepalive(None);
+            } else {
+                self.skip_body(session).await;
+            }
+            reply.write(session).await?;
+            Ok(true)
+        })
+        .await
+    }
+
     /// The answer to a request the gateway answers itself, or `None` for one that goes to booking.
     async fn answer(&self, session: &mut Session, ctx: &mut Ctx) -> Option<Reply> {
         if let Some(refusal) = Self::framing(session) {
@@ -364,7 +384,7 @@ impl Edge {
             Route::Unknown => Some(Reply::error(404, "not_found", "no such route")),
             Route::BadEventId => Some(Reply::error(400, "invalid_path", "event_id must be a positive integer")),
             Route::QueuePage(_) | Route::QueueJoin(_) | Route::QueueStatus(_) => {
-                Some(self.queue(session, &route).await)
+                Some(Box::pin(self.queue(session, &route)).await)
             }
             Route::MapStream(event) => {
                 let refusal = self.map_stream(session, event).await;
@@ -384,7 +404,7 @@ impl Edge {
                 };
                 ctx.proof = proof;
                 ctx.client_ip = Some(ip);
-                match self.read_body(session).await {
+                match Box::pin(self.read_body(session)).await {
                     Ok(length) => {
                         ctx.proxied = true;
                         ctx.body_len = length;
@@ -421,15 +441,7 @@ impl ProxyHttp for Edge {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
-        let Some(reply) = self.answer(session, ctx).await else { return Ok(ctx.streamed) };
-        if matches!(reply.status, 400 | 408 | 413 | 501) {
-            // The rest of the request was not read, or cannot be trusted: nothing more on this connection.
-            session.set_keepalive(None);
-        } else {
-            self.skip_body(session).await;
-        }
-        reply.write(session).await?;
-        Ok(true)
+        self.filter(session, ctx).await
     }
 
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<Box<HttpPeer>> {
