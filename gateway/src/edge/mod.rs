@@ -404,7 +404,8 @@ impl Edge {
                 };
                 ctx.proof = proof;
                 ctx.client_ip = Some(ip);
-                match Box::pin(self.read_body(session)).await {
+                let read = if session.is_body_empty() { Ok(None) } else { Box::pin(self.read_body(session)).await };
+                match read {
                     Ok(length) => {
                         ctx.proxied = true;
                         ctx.body_len = length;
