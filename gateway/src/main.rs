@@ -143,6 +143,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         every: cfg.tick(),
         admit_burst,
         max_walk: MAX_WALK,
+        quiet_every: (cfg.stale_after() / 4).min(Duration::from_millis(500)).max(cfg.tick()),
         node: format!("{:016x}", rand::random::<u64>()),
     };
     server.add_service(background_service("queue ticker", ticker));

@@ -1,14 +1,18 @@
 //! The ticker: a pingora background service that, a few times a second and for every event with a waiting
 //! room, flushes the polls this node served (one call), runs one admission step (any node may: the step is
-//! correct however many run it), opens a pre-queue whose time has come, and refreshes this node's view. Every
+//! correct however many run it), opens a pre-queue whose time has come, and refreshes this node's view. A quiet
+//! room (nobody waiting, nothing polled: a past event's, say) is only read, twice a second, and rooms are
+//! stepped a few at once, so the rooms that accumulate over months cost the live ones little. Every
 //! second or so it also asks booking what each room's event has left: it sets the room's state to `sold_out`
 //! (or back to `open` when seats return), and marks the room `all_held` while every seat left is held (the
 //! admission step admits nobody then; the seat map's lapse step brings seats back as holds run out).
 
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use pingora::connectors::http::Connector;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -29,9 +33,17 @@ pub struct Ticker {
     pub every: Duration,
     pub admit_burst: Duration,
     pub max_walk: u64,
+    /// How often a quiet room (nothing for a step to do: see [`Rooms::quiet`]) is read again, instead of
+    /// stepped and read every tick: well within the time after which its view is stale, and soon enough that a
+    /// setting changed on another node applies here within a second.
+    pub quiet_every: Duration,
     /// This node's id among the gateway nodes that share each account's budget.
     pub node: String,
 }
+
+/// Rooms stepped at once: their Redis calls share one multiplexed connection, so a node with hundreds of
+/// rooms (past events stay listed) does not take hundreds of round trips in a row each tick.
+const ROOMS_AT_ONCE: usize = 16;
 
 #[async_trait]
 impl BackgroundService for Ticker {
@@ -42,6 +54,7 @@ impl BackgroundService for Ticker {
         let mut last_eviction = Instant::now();
         let mut last_availability = Instant::now();
         let mut last_registration: Option<Instant> = None;
+        let mut stepped = HashMap::new();
         // Made here, inside this service's runtime, like the Redis connection.
         let connector = Connector::new(None);
         loop {
@@ -59,7 +72,7 @@ impl BackgroundService for Ticker {
                 last_registration = Some(Instant::now());
                 self.register().await;
             }
-            match self.tick().await {
+            match self.tick(&mut stepped).await {
                 Ok(()) if failing => {
                     tracing::info!("queue store answering again");
                     failing = false;
@@ -123,51 +136,58 @@ impl Ticker {
     /// Failures are logged and retried at the next check.
     async fn check_sold_out(&self, availability: &Availability, connector: &Connector) {
         let (Ok(store), Ok(account)) = (self.store.get(), AccountId::parse("waiting-room")) else { return };
-        for event in self.rooms.events() {
-            let Some(room) = self.rooms.get(event) else { continue };
-            let state = room.live.settings.state;
-            if !matches!(state, QueueState::Open | QueueState::Paused | QueueState::SoldOut) {
-                continue;
+        // A few rooms at once: one slow answer from booking does not hold up the rest, nor the next tick.
+        futures::stream::iter(self.rooms.events())
+            .for_each_concurrent(ROOMS_AT_ONCE, |event| {
+                self.check_room(availability, connector, store, &account, event)
+            })
+            .await;
+    }
+
+    async fn check_room(
+        &self,
+        availability: &Availability,
+        connector: &Connector,
+        store: &QueueStore,
+        account: &AccountId,
+        event: i64,
+    ) {
+        let Some(room) = self.rooms.get(event) else { return };
+        let state = room.live.settings.state;
+        if !matches!(state, QueueState::Open | QueueState::Paused | QueueState::SoldOut) {
+            return;
+        }
+        let proof = availability.keyring.sign(&AdmissionClaims::new(account.clone(), event, tokens::unix_now(), 60));
+        let path = format!("/events/{event}/availability");
+        let answer = match availability.upstreams.get(connector, &path, &proof).await {
+            Some((200, body)) => match serde_json::from_slice::<BookingAvailability>(&body) {
+                Ok(answer) => answer,
+                Err(e) => return tracing::debug!(event, error = %e, "booking's availability unreadable"),
+            },
+            Some((status, _)) => return tracing::debug!(event, status, "booking's availability refused"),
+            None => return,
+        };
+        let all_held = !answer.sold_out && answer.seats_available == Some(0);
+        if all_held != room.live.settings.all_held {
+            match store.set_all_held(event, all_held).await {
+                Ok(()) => tracing::info!(event, all_held, "booking reported what is left to hold"),
+                Err(e) => tracing::warn!(event, error = %e, "could not record that every seat left is held"),
             }
-            let proof =
-                availability.keyring.sign(&AdmissionClaims::new(account.clone(), event, tokens::unix_now(), 60));
-            let path = format!("/events/{event}/availability");
-            let answer = match availability.upstreams.get(connector, &path, &proof).await {
-                Some((200, body)) => match serde_json::from_slice::<BookingAvailability>(&body) {
-                    Ok(answer) => answer,
-                    Err(e) => {
-                        tracing::debug!(event, error = %e, "booking's availability unreadable");
-                        continue;
-                    }
-                },
-                Some((status, _)) => {
-                    tracing::debug!(event, status, "booking's availability refused");
-                    continue;
-                }
-                None => continue,
-            };
-            let all_held = !answer.sold_out && answer.seats_available == Some(0);
-            if all_held != room.live.settings.all_held {
-                match store.set_all_held(event, all_held).await {
-                    Ok(()) => tracing::info!(event, all_held, "booking reported what is left to hold"),
-                    Err(e) => tracing::warn!(event, error = %e, "could not record that every seat left is held"),
-                }
-            }
-            let target = match (answer.sold_out, state) {
-                (true, QueueState::Open | QueueState::Paused) => QueueState::SoldOut,
-                (false, QueueState::SoldOut) => QueueState::Open,
-                _ => continue,
-            };
-            match store.set_state(event, target, 1, Some(state)).await {
-                Ok(change) => {
-                    tracing::info!(event, from = %state, to = %target, ?change, "booking reported availability")
-                }
-                Err(e) => tracing::warn!(event, error = %e, "could not record the sell-out"),
-            }
+        }
+        let target = match (answer.sold_out, state) {
+            (true, QueueState::Open | QueueState::Paused) => QueueState::SoldOut,
+            (false, QueueState::SoldOut) => QueueState::Open,
+            _ => return,
+        };
+        match store.set_state(event, target, 1, Some(state)).await {
+            Ok(change) => tracing::info!(event, from = %state, to = %target, ?change, "booking reported availability"),
+            Err(e) => tracing::warn!(event, error = %e, "could not record the sell-out"),
         }
     }
 
-    async fn tick(&self) -> Result<(), StoreError> {
+    /// Steps and reads every room that is due (`stepped`: when each room last was), a few at once. A room
+    /// that fails does not hold the others back: they stay fresh, and the first error is returned.
+    async fn tick(&self, stepped: &mut HashMap<i64, Instant>) -> Result<(), StoreError> {
         let store = self.store.get()?;
         let mut events = store.rooms().await?;
         // A room this node knows that Redis no longer lists lost its data: its settings come back from this
@@ -182,14 +202,38 @@ impl Ticker {
                 events.push(event);
             }
         }
-        for &event in &events {
-            self.tick_event(store, event).await?;
+        let due = events.iter().copied().filter_map(|event| {
+            let quiet = self.rooms.quiet(event);
+            (!quiet || stepped.get(&event).is_none_or(|at| at.elapsed() >= self.quiet_every)).then_some((event, quiet))
+        });
+        let results: Vec<(i64, Result<(), StoreError>)> = futures::stream::iter(
+            due.map(|(event, quiet)| async move { (event, self.tick_event(store, event, quiet).await) }),
+        )
+        .buffer_unordered(ROOMS_AT_ONCE)
+        .collect()
+        .await;
+        let mut failed = None;
+        for (event, result) in results {
+            match result {
+                Ok(()) => {
+                    stepped.insert(event, Instant::now());
+                }
+                Err(e) => {
+                    tracing::debug!(event, error = %e, "room step failed");
+                    failed.get_or_insert(e);
+                }
+            }
         }
+        stepped.retain(|event, _| events.contains(event));
         self.rooms.listed(&events);
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
-    async fn tick_event(&self, store: &QueueStore, event: i64) -> Result<(), StoreError> {
+    /// One room's step and read; a quiet room is only read (its settings may have changed on another node).
+    async fn tick_event(&self, store: &QueueStore, event: i64, quiet: bool) -> Result<(), StoreError> {
+        if quiet {
+            return refresh(store, &self.rooms, event).await;
+        }
         let seen = self.rooms.take_seen(event);
         if let Err(e) = store.touch(event, &seen).await {
             // Put them back so a slow Redis does not make polling fans look gone.

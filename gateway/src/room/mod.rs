@@ -432,6 +432,19 @@ impl Rooms {
     }
 
     /// Takes the accounts seen since the last call.
+    /// Whether the room has nothing for an admission step to do, as this node sees it: nobody waiting or in a
+    /// pre-queue, no pre-queue to open, no poll to count, and no place given out here since the view was read.
+    pub fn quiet(&self, event: i64) -> bool {
+        let Some(room) = self.get(event) else { return false };
+        let live = &room.live;
+        let polled = self.seen.lock().map_or(true, |s| s.get(&event).is_some_and(|set| !set.is_empty()));
+        live.waiting() == 0
+            && live.counts.prequeue == 0
+            && live.settings.state != QueueState::Prequeue
+            && !polled
+            && self.floor(event) <= live.counts.seq
+    }
+
     pub fn take_seen(&self, event: i64) -> Vec<String> {
         self.seen.lock().ok().and_then(|mut s| s.remove(&event)).map(|s| s.into_iter().collect()).unwrap_or_default()
     }

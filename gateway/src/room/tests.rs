@@ -128,3 +128,24 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn a_room_is_quiet_only_with_nothing_for_a_step_to_do() {
+    let rooms = Rooms::default();
+    let put = |state, seq, head| rooms.put(1, Room { live: live(state, seq, head), history: Default::default() });
+    assert!(!rooms.quiet(1), "a room never read is stepped");
+    put(QueueState::Open, 10, 10);
+    assert!(rooms.quiet(1), "everyone who joined was let in");
+    rooms.seen(1, "fan-1");
+    assert!(!rooms.quiet(1), "a poll to count");
+    rooms.take_seen(1);
+    assert!(rooms.quiet(1));
+    rooms.gave(1, 11);
+    assert!(!rooms.quiet(1), "a place given out here since the view was read");
+    put(QueueState::Open, 11, 10);
+    assert!(!rooms.quiet(1), "a fan waiting");
+    put(QueueState::Open, 11, 11);
+    assert!(rooms.quiet(1));
+    put(QueueState::Prequeue, 11, 11);
+    assert!(!rooms.quiet(1), "a pre-queue whose opening time a step checks");
+}
