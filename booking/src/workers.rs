@@ -2,7 +2,10 @@
 //! (publishes order events to the Redis Stream) and the lapse step (logs the seats whose hold or unpaid order
 //! ran out). Each is safe to run in any number of processes at once.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use futures::StreamExt;
 
 use redisconn::Conn;
 use sqlx::PgPool;
@@ -222,6 +225,9 @@ async fn repair_markers(pool: &PgPool, holds: &Holds, r: &mut Repair) {
 /// Lapses one step takes per event at most; a longer backlog drains over the next steps.
 const LAPSE_BATCH: usize = 1_000;
 
+/// Events whose lapses are stepped at once.
+const LAPSE_EVENTS_AT_ONCE: usize = 16;
+
 /// How often the list of events whose lapses are logged is read again from Postgres.
 const LAPSE_EVENTS_EVERY: Duration = Duration::from_secs(5);
 
@@ -245,18 +251,27 @@ pub async fn lapses(pool: PgPool, holds: Holds, every: Duration) {
                 Err(e) => tracing::warn!(error = %e, "could not list the events whose lapses are logged"),
             }
         }
-        for &event in &events {
-            match holds.lapse(event, LAPSE_BATCH).await {
-                Ok(lapsed) if lapsed.seats > 0 => {
-                    metrics::counter!("booking_seats_lapsed_total").increment(lapsed.seats as u64);
+        // A few events at once, over the one multiplexed connection: a step's time does not grow with every
+        // event on sale one round trip at a time, and one event's failure does not hold up the others.
+        let failed = AtomicUsize::new(0);
+        futures::stream::iter(&events)
+            .for_each_concurrent(LAPSE_EVENTS_AT_ONCE, |&event| {
+                let (holds, failed) = (&holds, &failed);
+                async move {
+                    match holds.lapse(event, LAPSE_BATCH).await {
+                        Ok(lapsed) if lapsed.seats > 0 => {
+                            metrics::counter!("booking_seats_lapsed_total").increment(lapsed.seats as u64);
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            if failed.fetch_add(1, Ordering::Relaxed) == 0 {
+                                tracing::warn!(error = %e, event = event.0, "lapse step failed; retrying at the next tick");
+                            }
+                        }
+                    }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, event = event.0, "lapse step failed; retrying at the next tick");
-                    break;
-                }
-            }
-        }
+            })
+            .await;
     }
 }
 
