@@ -431,7 +431,6 @@ impl Rooms {
         }
     }
 
-    /// Takes the accounts seen since the last call.
     /// Whether the room has nothing for an admission step to do, as this node sees it: nobody waiting or in a
     /// pre-queue, no pre-queue to open, no poll to count, and no place given out here since the view was read.
     pub fn quiet(&self, event: i64) -> bool {
@@ -445,6 +444,7 @@ impl Rooms {
             && self.floor(event) <= live.counts.seq
     }
 
+    /// Takes the accounts seen since the last call.
     pub fn take_seen(&self, event: i64) -> Vec<String> {
         self.seen.lock().ok().and_then(|mut s| s.remove(&event)).map(|s| s.into_iter().collect()).unwrap_or_default()
     }
