@@ -4,15 +4,16 @@
 //! deltas arrived (from the change's commit, Redis's clock, to receipt), how many subscribers saw every
 //! change, the gateway's memory per subscriber, the reconnect storm, and the status's size.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::future::join_all;
+use memchr::memmem::Finder;
 use serde_json::json;
 use tokens::{AccountId, AdmissionClaims, Keyring, unix_now};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::map::read_status;
@@ -132,46 +133,69 @@ enum Seen {
     Other,
 }
 
+/// What the bench looks for in a stream, each searcher built once.
+struct Patterns {
+    /// An event's end.
+    end: Finder<'static>,
+    resync: Finder<'static>,
+    delta: Finder<'static>,
+    version: Finder<'static>,
+    at: Finder<'static>,
+}
+
+static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| Patterns {
+    end: Finder::new(b"\n\n"),
+    resync: Finder::new(b"event: resync"),
+    delta: Finder::new(b"event: delta"),
+    version: Finder::new(b"\"version\":"),
+    at: Finder::new(b"\"at\":"),
+});
+
 /// The number right after `key` in `text`, if any.
-fn number_after(text: &[u8], key: &[u8]) -> Option<u64> {
-    let start = memchr::memmem::find(text, key)? + key.len();
-    let digits = text[start..].iter().take_while(|b| b.is_ascii_digit()).count();
-    std::str::from_utf8(&text[start..start + digits]).ok()?.parse().ok()
+fn number_after(text: &[u8], key: &Finder) -> Option<u64> {
+    let start = key.find(text)? + key.needle().len();
+    let digits = text[start..].iter().take_while(|b| b.is_ascii_digit()).take(19);
+    digits.fold(None, |n, &d| Some(n.unwrap_or(0) * 10 + u64::from(d - b'0')))
 }
 
 /// Reads one event (the text between two blank lines, chunk-size lines included): only a delta's version and
 /// time, which come first in its data; the changes are never scanned.
 fn seen(block: &[u8]) -> Seen {
+    let p = &*PATTERNS;
     let head = &block[..block.len().min(160)];
-    if memchr::memmem::find(head, b"event: resync").is_some() {
+    if p.resync.find(head).is_some() {
         return Seen::Resync;
     }
-    if memchr::memmem::find(head, b"event: delta").is_none() {
+    if p.delta.find(head).is_none() {
         return Seen::Other;
     }
-    match (number_after(head, b"\"version\":"), number_after(head, b"\"at\":")) {
+    match (number_after(head, &p.version), number_after(head, &p.at)) {
         (Some(version), Some(at)) => Seen::Delta { version, at },
         _ => Seen::Other,
     }
 }
 
 /// Reads a subscription until it closes (or its task is aborted), recording each delta's lateness. The client
-/// shares the box with the server, so it reads as little as it can: events' ends are found with memchr, and
-/// only the head of each is looked at.
-async fn read(mut sock: TcpStream, pending: String, sub: Arc<Sub>, hist: Arc<Histogram>) {
-    let ends = memchr::memmem::Finder::new(b"\n\n");
-    let mut buf = vec![0u8; 16384];
-    let mut pending = pending.into_bytes();
+/// shares the box with the server, so it reads as little as it can: events' ends are found with memchr, only
+/// the head of each is looked at, and only an unfinished event's bytes are moved, to the buffer's start.
+async fn read(mut sock: impl AsyncRead + Unpin, pending: String, sub: Arc<Sub>, hist: Arc<Histogram>) {
+    let mut buf = pending.into_bytes();
+    let mut filled = buf.len();
+    buf.resize(filled.max(16_384), 0);
     loop {
-        let n = match sock.read(&mut buf).await {
+        if filled == buf.len() {
+            // One event larger than the buffer: it grows.
+            buf.resize(buf.len() * 2, 0);
+        }
+        let n = match sock.read(&mut buf[filled..]).await {
             Ok(n) if n > 0 => n,
             _ => return,
         };
         let received = now_ms();
-        pending.extend_from_slice(&buf[..n]);
+        filled += n;
         let mut done = 0;
-        while let Some(end) = ends.find(&pending[done..]) {
-            let block = &pending[done..done + end];
+        while let Some(end) = PATTERNS.end.find(&buf[done..filled]) {
+            let block = &buf[done..done + end];
             done += end + 2;
             match seen(block) {
                 Seen::Resync => {
@@ -185,7 +209,8 @@ async fn read(mut sock: TcpStream, pending: String, sub: Arc<Sub>, hist: Arc<His
                 Seen::Other => {}
             }
         }
-        pending.drain(..done);
+        buf.copy_within(done..filled, 0);
+        filled -= done;
     }
 }
 
@@ -440,5 +465,33 @@ mod tests {
         assert_eq!(seen(b"retry: 1000\nid: 5\nevent: version\ndata: {\"version\":5}"), Seen::Other);
         assert_eq!(seen(b": heartbeat"), Seen::Other);
         assert_eq!(seen(b"event: delta\ndata: {\"from\":7}"), Seen::Other, "no version or time: not counted");
+    }
+
+    #[tokio::test]
+    async fn events_split_anywhere_across_reads_are_each_counted_once() {
+        let delta = |v: u64| {
+            format!("id: {v}\nevent: delta\ndata: {{\"from\":{v},\"version\":{v},\"at\":1,\"changes\":[]}}\n\n")
+        };
+        let mut text = String::from("ersion\":1}\n\n");
+        // A long event, larger than the reader's first buffer, then many short ones.
+        text.push_str(&delta(2).replace("[]", &format!("[{}]", vec!["[1,\"h\"]"; 3_000].join(","))));
+        (3..=200).for_each(|v| text.push_str(&delta(v)));
+        text.push_str(": heartbeat\n\nevent: resync\ndata: {}\n\n");
+        let (mut client, server) = tokio::io::duplex(64);
+        let sub = Arc::new(Sub { version: AtomicU64::new(0), resyncs: AtomicU64::new(0) });
+        let hist = Arc::new(Histogram::new());
+        let reader = tokio::spawn(read(
+            server,
+            "retry: 1000\nid: 1\nevent: version\ndata: {\"v".into(),
+            sub.clone(),
+            hist.clone(),
+        ));
+        for piece in text.as_bytes().chunks(37) {
+            client.write_all(piece).await.expect("write");
+        }
+        reader.await.expect("reader");
+        assert_eq!(hist.count(), 199, "every delta once");
+        assert_eq!(sub.version.load(Ordering::Relaxed), 200);
+        assert_eq!(sub.resyncs.load(Ordering::Relaxed), 1, "the resync ends the stream");
     }
 }
