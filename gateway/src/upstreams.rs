@@ -105,17 +105,23 @@ impl Upstreams {
         self.peers.is_empty()
     }
 
-    /// The next node in the rotation that passed its last health check, other than `not`; when none did, the
-    /// next one at all (a failing check may be stale: trying costs one connect, and its failure is a 503).
-    pub fn select(&self, not: Option<&Backend>) -> Option<(Backend, HttpPeer)> {
+    /// The next node in the rotation that passed its last health check, other than node `not`; when none did,
+    /// the next one at all (a failing check may be stale: trying costs one connect, and its failure is a 503).
+    /// The node's index comes with its peer.
+    pub fn select(&self, not: Option<usize>) -> Option<(usize, HttpPeer)> {
+        if let [(_, peer)] = &self.peers[..] {
+            // One node: the rotation has nothing to choose, and the node is tried whatever its last check said.
+            return (not != Some(0)).then(|| (0, peer.clone()));
+        }
         let n = self.peers.len() * 2;
-        let other = |b: &Backend| not != Some(b);
+        let index = |b: &Backend| self.peers.iter().position(|(node, _)| node == b);
+        let other = |b: &Backend| not.is_none() || index(b) != not;
         let chosen = self
             .lb
             .select_with(b"", n, |b, healthy| healthy && other(b))
             .or_else(|| self.lb.select_with(b"", n, |b, _| other(b)))?;
-        let peer = self.peers.iter().find(|(b, _)| *b == chosen)?.1.clone();
-        Some((chosen, peer))
+        let at = index(&chosen)?;
+        Some((at, self.peers[at].1.clone()))
     }
 
     /// `GET path` on a healthy node with `Authorization: Bearer token`: the status and body, or `None` when no

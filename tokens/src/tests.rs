@@ -16,6 +16,22 @@ fn check_refused(ring: &Keyring, token: &str, expected: TokenError) {
 }
 
 #[test]
+fn one_byte_out_of_range_anywhere_refuses_the_header() {
+    // Every length across the widths the check works in at once, and every position in it.
+    for len in 0..300 {
+        let valid: Vec<u8> = (0..len).map(|i| if i % 40 == 7 { b'\t' } else { b' ' + (i % 95) as u8 }).collect();
+        assert!(authorization_text(Some(&valid)).is_ok(), "length {len}");
+        for at in 0..len {
+            for bad in [0x00, 0x1f, 0x7f, 0x80, 0xff] {
+                let mut raw = valid.clone();
+                raw[at] = bad;
+                assert!(authorization_text(Some(&raw)).is_err(), "byte {bad:#x} at {at} of {len}");
+            }
+        }
+    }
+}
+
+#[test]
 fn admission_round_trips() {
     let ring = ring(&format!("k1:{SECRET_A}"));
     let claims = AdmissionClaims::new(account("fan-1"), 42, unix_now(), 600);
@@ -240,7 +256,7 @@ mod properties {
         }
 
         #[test]
-        fn the_header_is_read_or_refused_never_skipped(raw in prop::collection::vec(any::<u8>(), 0..64)) {
+        fn the_header_is_read_or_refused_never_skipped(raw in prop::collection::vec(any::<u8>(), 0..300)) {
             match authorization_text(Some(&raw)) {
                 Ok(Some(text)) => prop_assert_eq!(text.as_bytes(), &raw[..]),
                 Ok(None) => prop_assert!(false, "a header present is never read as absent"),

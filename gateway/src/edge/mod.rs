@@ -9,6 +9,8 @@ pub mod queue;
 pub mod reply;
 pub mod routes;
 pub mod stream;
+#[cfg(test)]
+mod tests;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -16,9 +18,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use http::HeaderName;
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, COOKIE, EXPECT, TRANSFER_ENCODING};
 use pingora::ErrorType::{ConnectionClosed, HTTPStatus, ReadError, WriteError};
 use pingora::http::{RequestHeader, ResponseHeader};
-use pingora::lb::Backend;
 use pingora::modules::http::HttpModules;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
@@ -78,41 +81,49 @@ pub struct Ctx {
     /// The client IP the gateway decided on (trusted proxies considered), for `X-Forwarded-For`.
     client_ip: Option<IpAddr>,
     /// The node last tried: a retry after a failed connect goes to another.
-    tried: Option<Backend>,
+    tried: Option<usize>,
     /// A failed connect was already retried once.
     retried: bool,
     /// The length of the body read whole (none read: no body).
     body_len: Option<usize>,
     /// The gateway answered with a stream, written already.
     streamed: bool,
-    /// The admission proof the gateway checked: the only one booking is shown.
+    /// The request passed the admission check: booking is shown the proof checked and no other.
+    admitted: bool,
+    /// The proof checked, when the client's own `Authorization` does not already say exactly `Bearer <proof>`
+    /// (it came in the cookie, or in a header written otherwise): booking is shown it in a new one.
     proof: Option<String>,
 }
 
-fn header<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
+// Fields are looked up by `HeaderName` constants: a name given as text is parsed and hashed again on each call.
+fn header<'a>(req: &'a RequestHeader, name: &HeaderName) -> Option<&'a str> {
     req.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn headers<'a>(req: &'a RequestHeader, name: &str) -> Vec<&'a str> {
+fn headers<'a>(req: &'a RequestHeader, name: &HeaderName) -> Vec<&'a str> {
     req.headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect()
 }
 
 /// The body's length as `Content-Length` gives it (pingora has checked it is one number), if it does.
 fn declared_length(req: &RequestHeader) -> Option<u64> {
-    header(req, "content-length").and_then(|v| v.parse().ok())
+    header(req, &CONTENT_LENGTH).and_then(|v| v.parse().ok())
 }
 
 fn wants_html(req: &RequestHeader) -> bool {
-    header(req, "authorization").is_none() && header(req, "accept").is_some_and(|a| a.contains("text/html"))
+    !req.headers.contains_key(AUTHORIZATION) && header(req, &ACCEPT).is_some_and(|a| a.contains("text/html"))
 }
 
 /// A request for a live event stream: its answer may stay open for hours.
 fn wants_stream(req: &RequestHeader) -> bool {
-    header(req, "accept").is_some_and(|a| a.contains("text/event-stream"))
+    header(req, &ACCEPT).is_some_and(|a| a.contains("text/event-stream"))
 }
 
-const X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
-const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+// The fields added to every request forwarded, named as they go on the wire: pingora keeps a `&'static str`
+// name as it is, where it makes a titled copy of a `HeaderName`'s on each insert.
+const X_FORWARDED_FOR_WIRE: &str = "X-Forwarded-For";
+const X_REQUEST_ID_WIRE: &str = "X-Request-Id";
+const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
 /// A new request id: 32 hex digits of a fast thread-local random number (unique enough to find a request in
 /// logs; not a secret).
@@ -125,6 +136,33 @@ fn request_id() -> http::HeaderValue {
         n >>= 4;
     }
     http::HeaderValue::from_bytes(&out).unwrap_or(http::HeaderValue::from_static("0"))
+}
+
+/// The client's address as `X-Forwarded-For` carries it. An IPv4 address is written digit by digit: the
+/// formatting machinery costs several times more, on every request forwarded.
+fn forwarded_for(ip: IpAddr) -> http::HeaderValue {
+    let IpAddr::V4(v4) = ip else {
+        return http::HeaderValue::from_str(&ip.to_string()).unwrap_or(http::HeaderValue::from_static("unknown"));
+    };
+    let mut text = [0u8; 15];
+    let mut n = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            text[n] = b'.';
+            n += 1;
+        }
+        if octet >= 100 {
+            text[n] = b'0' + octet / 100;
+            n += 1;
+        }
+        if octet >= 10 {
+            text[n] = b'0' + octet / 10 % 10;
+            n += 1;
+        }
+        text[n] = b'0' + octet % 10;
+        n += 1;
+    }
+    http::HeaderValue::from_bytes(&text[..n]).unwrap_or(http::HeaderValue::from_static("unknown"))
 }
 
 /// Removes the admission cookie from the request's `Cookie` fields, keeping every other cookie.
@@ -213,7 +251,7 @@ impl Edge {
                 .header("allow", allowed.into());
         }
         if let Route::QueuePage(_) = route
-            && !header(req, "accept").is_some_and(|a| a.contains("application/json"))
+            && !header(req, &ACCEPT).is_some_and(|a| a.contains("application/json"))
         {
             return Reply {
                 status: 200,
@@ -231,8 +269,8 @@ impl Edge {
         if let Err(refusal) = self.check_ip(session) {
             return refusal;
         }
-        let authorization = header(req, "authorization");
-        let cookies = headers(req, "cookie");
+        let authorization = header(req, &AUTHORIZATION);
+        let cookies = headers(req, &COOKIE);
         match route {
             Route::QueueJoin(_) => self.queue.join(event, authorization, &cookies).await,
             _ => self.queue.status(event, authorization, &cookies).await,
@@ -248,7 +286,7 @@ impl Edge {
         if self.queue.rooms.get(event).is_none() {
             return Some(Reply::error(404, "event_not_found", "this event has no live seat map here"));
         }
-        let start = match stream::start(header(req, "last-event-id"), req.uri.query()) {
+        let start = match stream::start(header(req, &LAST_EVENT_ID), req.uri.query()) {
             Ok(start) => start,
             Err(why) => return Some(invalid(why)),
         };
@@ -262,11 +300,14 @@ impl Edge {
         stream::serve(session, &self.feeds, store, event, start).await.err()
     }
 
-    /// The admission check and per-account limit in front of booking: the proof checked, which alone goes on
-    /// to booking, or the refusal.
-    fn admit(&self, req: &RequestHeader, event: i64) -> Result<String, Reply> {
-        let cookies = headers(req, "cookie");
-        let authorization = req.headers.get(http::header::AUTHORIZATION).map(|v| v.as_bytes());
+    /// The admission check and per-account limit in front of booking, or the refusal. Booking is shown the
+    /// proof checked alone: the answer is that proof, unless the request's one `Authorization` field already
+    /// says exactly `Bearer <proof>` (`None`: the field goes on as it came).
+    fn admit(&self, req: &RequestHeader, event: i64) -> Result<Option<String>, Reply> {
+        let cookies = headers(req, &COOKIE);
+        let mut sent = req.headers.get_all(AUTHORIZATION).iter();
+        let (first, more) = (sent.next(), sent.next().is_some());
+        let authorization = first.map(|v| v.as_bytes());
         let (claims, proof) = match routes::check(&self.keyring, authorization, cookies.iter().copied(), event) {
             Ok(checked) => checked,
             Err(refusal) if refusal.status == 401 && wants_html(req) => {
@@ -280,7 +321,8 @@ impl Edge {
             crate::metrics::record_rate_limited("account");
             return Err(too_many(wait));
         }
-        Ok(proof.to_owned())
+        let as_sent = !more && authorization.is_some_and(|v| v.strip_prefix(b"Bearer ") == Some(proof.as_bytes()));
+        Ok((!as_sent).then(|| proof.to_owned()))
     }
 
     /// Reads an admitted request's body whole, into the session's retry buffer, which pingora sends booking
@@ -296,11 +338,11 @@ impl Edge {
             return Err(too_large());
         }
         let expects_continue =
-            header(session.req_header(), "expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+            header(session.req_header(), &EXPECT).is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
         if expects_continue && session.write_continue_response().await.is_err() {
             return Err(invalid("the connection failed"));
         }
-        let chunked = session.req_header().headers.contains_key("transfer-encoding");
+        let chunked = session.req_header().headers.contains_key(TRANSFER_ENCODING);
         if chunked {
             // The chunk parser under pingora (httparse) reads an empty chunk-size line as the last chunk, and
             // takes a bare LF inside a chunk extension: a proxy in front may end such a body elsewhere. Nothing
@@ -402,7 +444,8 @@ impl Edge {
                     Ok(checked) => checked,
                     Err(refusal) => return Some(refusal),
                 };
-                ctx.proof = proof;
+                ctx.admitted = proof.is_some();
+                ctx.proof = proof.flatten();
                 ctx.client_ip = Some(ip);
                 let read = if session.is_body_empty() { Ok(None) } else { Box::pin(self.read_body(session)).await };
                 match read {
@@ -446,14 +489,14 @@ impl ProxyHttp for Edge {
     }
 
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<Box<HttpPeer>> {
-        let not = if ctx.retried { ctx.tried.as_ref() } else { None };
-        let Some((backend, mut peer)) = self.upstreams.select(not) else {
+        let not = if ctx.retried { ctx.tried } else { None };
+        let Some((node, mut peer)) = self.upstreams.select(not) else {
             return Error::e_explain(HTTPStatus(503), "no booking node to try");
         };
         if wants_stream(session.req_header()) {
             peer.options.read_timeout = Some(self.stream_idle);
         }
-        ctx.tried = Some(backend);
+        ctx.tried = Some(node);
         Ok(Box::new(peer))
     }
 
@@ -472,7 +515,6 @@ impl ProxyHttp for Edge {
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> pingora::Result<()> {
-        use http::header::{CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING};
         if let Some(length) = ctx.body_len {
             // The gateway answered the client's expectation itself and sends the body at once, whole, with its
             // length: however the client framed it, booking reads one framing, the simplest.
@@ -481,15 +523,17 @@ impl ProxyHttp for Edge {
             upstream.insert_header(CONTENT_LENGTH, length)?;
         }
         if let Some(ip) = ctx.client_ip {
-            upstream.insert_header(X_FORWARDED_FOR, ip.to_string())?;
+            upstream.insert_header(X_FORWARDED_FOR_WIRE, forwarded_for(ip))?;
         }
-        if let Some(proof) = ctx.proof.take() {
+        if ctx.admitted {
             // Booking acts on exactly the proof checked here, however the client sent it.
-            upstream.insert_header(http::header::AUTHORIZATION, format!("Bearer {proof}"))?;
+            if let Some(proof) = ctx.proof.take() {
+                upstream.insert_header(AUTHORIZATION, format!("Bearer {proof}"))?;
+            }
             without_admission_cookie(upstream)?;
         }
         if !session.req_header().headers.contains_key(&X_REQUEST_ID) {
-            upstream.insert_header(X_REQUEST_ID, request_id())?;
+            upstream.insert_header(X_REQUEST_ID_WIRE, request_id())?;
         }
         Ok(())
     }
@@ -501,8 +545,8 @@ impl ProxyHttp for Edge {
         _ctx: &mut Ctx,
     ) -> pingora::Result<()> {
         // HTTP/1.0 has no chunks: an answer of unknown length runs until the connection closes.
-        if session.req_header().version == http::Version::HTTP_10 && answer.headers.contains_key("transfer-encoding") {
-            answer.remove_header("transfer-encoding");
+        if session.req_header().version == http::Version::HTTP_10 && answer.headers.contains_key(TRANSFER_ENCODING) {
+            answer.remove_header(&TRANSFER_ENCODING);
             session.set_keepalive(None);
         }
         Ok(())

@@ -93,13 +93,14 @@ impl Refusal {
 pub fn check<'a>(
     keyring: &Keyring,
     authorization: Option<&'a [u8]>,
-    cookies: impl IntoIterator<Item = &'a str> + Clone,
+    cookies: impl IntoIterator<Item = &'a str>,
     event: i64,
 ) -> Result<(Arc<AdmissionClaims>, &'a str), Refusal> {
     let refused = |r: AdmissionRefusal| Refusal::new(r.status(), r.code(), r.to_string());
     let authorization = tokens::authorization_text(authorization).map_err(refused)?;
-    let proof = tokens::find_admission_proof(authorization, cookies.clone()).unwrap_or_default();
-    let claims = keyring.check_admission(authorization, cookies).map_err(refused)?;
+    let proof =
+        tokens::find_admission_proof(authorization, cookies).ok_or(AdmissionRefusal::Missing).map_err(refused)?;
+    let claims = keyring.check_admission_proof(proof).map_err(refused)?;
     claims.account_for(event).map_err(refused)?;
     Ok((claims, proof))
 }

@@ -591,9 +591,28 @@ async fn booking_is_shown_exactly_the_proof_the_gateway_checked() {
     // A header that is not plain ASCII (a proof, then U+00A0) is refused, not skipped for the cookie's proof.
     let odd = send(Some(format!("Bearer {a}\u{a0}").into_bytes()), format!("wr_admission={b}")).await;
     assert_eq!((odd.status, odd.code()), (401, "admission_invalid"), "{}", odd.text);
+    // The scheme in another case, the token padded: booking is shown it written plainly.
+    let loose = send(Some(format!("bearer   {a} ").into_bytes()), "lang=de".into()).await;
+    assert_eq!(loose.status, 200, "{}", loose.text);
+    // Two fields: the first is the proof, and booking is shown it alone.
+    let twice = gw
+        .send(
+            gw.client
+                .get(format!("{}/events/1", gw.base))
+                .header("authorization", format!("Bearer {a}"))
+                .header("authorization", format!("Bearer {b}")),
+        )
+        .await;
+    assert_eq!(twice.status, 200, "{}", twice.text);
 
     let seen = upstream.requests();
-    assert_eq!(seen.len(), 2, "the refused request never reached booking");
+    assert_eq!(seen.len(), 4, "the refused request never reached booking");
+    let fields =
+        |r: &WireRequest| r.head.lines().filter(|l| l.to_ascii_lowercase().starts_with("authorization:")).count();
+    assert!(seen.iter().all(|r| fields(r) == 1), "{seen:?}");
+    for loose_or_twice in &seen[2..] {
+        assert_eq!(loose_or_twice.header("authorization"), Some(format!("Bearer {a}").as_str()));
+    }
     let a_bearer = format!("Bearer {a}");
     let b_bearer = format!("Bearer {b}");
     assert_eq!(
