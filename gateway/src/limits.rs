@@ -55,16 +55,13 @@ impl std::str::FromStr for ClientIpHeader {
     }
 }
 
-/// The field that names the client to booking, and the one trusted proxies name it in by default.
-pub const X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
+/// The field trusted proxies name the client in by default.
+static X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
 
 impl ClientIpHeader {
     pub fn name(&self) -> &http::HeaderName {
         match self {
-            Self::XForwardedFor => {
-                static NAME: http::HeaderName = X_FORWARDED_FOR;
-                &NAME
-            }
+            Self::XForwardedFor => &X_FORWARDED_FOR,
             Self::Single(name) => name,
         }
     }
