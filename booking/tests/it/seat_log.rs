@@ -307,8 +307,9 @@ async fn a_lapse_due_by_the_index_waits_while_redis_still_holds_its_seats(pool: 
     // A key expires once Redis's clock is past its expiry, and a script reads keys as of its start, so a lapse
     // may be due by TIME while its seats still carry its token. Moving the index entries into the past while
     // the keys live on makes that instant last: the step must neither log those seats available nor drop the
-    // entries, and must log them once Redis lets the keys go.
-    let mut app = TestApp::spawn_with(pool, &["--lapse-interval-ms", "0"]).await;
+    // entries, and must log them once Redis lets the keys go. No sweeper: its first pass over an event writes
+    // the live order's marker again, as after a Redis loss, and the order's seat would wait on.
+    let mut app = TestApp::spawn_with(pool, &["--lapse-interval-ms", "0", "--sweep-interval-ms", "0"]).await;
     let seats = app.seats_on_sale().await;
     let (start, _) = status(&app).await;
     let hold = app.hold("fan-a", &seats[0..2]).await;
