@@ -108,10 +108,10 @@ impl Upstreams {
     /// The next node in the rotation that passed its last health check, other than node `not`; when none did,
     /// the next one at all (a failing check may be stale: trying costs one connect, and its failure is a 503).
     /// The node's index comes with its peer.
-    pub fn select(&self, not: Option<usize>) -> Option<(usize, HttpPeer)> {
+    pub fn select(&self, not: Option<usize>) -> Option<(usize, &HttpPeer)> {
         if let [(_, peer)] = &self.peers[..] {
             // One node: the rotation has nothing to choose, and the node is tried whatever its last check said.
-            return (not != Some(0)).then(|| (0, peer.clone()));
+            return (not != Some(0)).then_some((0, peer));
         }
         let n = self.peers.len() * 2;
         let index = |b: &Backend| self.peers.iter().position(|(node, _)| node == b);
@@ -121,7 +121,7 @@ impl Upstreams {
             .select_with(b"", n, |b, healthy| healthy && other(b))
             .or_else(|| self.lb.select_with(b"", n, |b, _| other(b)))?;
         let at = index(&chosen)?;
-        Some((at, self.peers[at].1.clone()))
+        Some((at, &self.peers[at].1))
     }
 
     /// `GET path` on a healthy node with `Authorization: Bearer token`: the status and body, or `None` when no
@@ -132,7 +132,7 @@ impl Upstreams {
             let mut req = RequestHeader::build("GET", path.as_bytes(), Some(2))?;
             req.insert_header("host", "booking")?;
             req.insert_header("authorization", format!("Bearer {token}"))?;
-            let (mut session, _) = connector.get_http_session(&peer).await?;
+            let (mut session, _) = connector.get_http_session(peer).await?;
             session.write_request_header(Box::new(req)).await?;
             session.finish_request_body().await?;
             session.read_response_header().await?;
@@ -141,7 +141,7 @@ impl Upstreams {
             while let Some(piece) = session.read_response_body().await? {
                 body.extend_from_slice(&piece);
             }
-            connector.release_http_session(session, &peer, peer.idle_timeout()).await;
+            connector.release_http_session(session, peer, peer.idle_timeout()).await;
             Ok::<_, Box<pingora::Error>>((status, Bytes::from(body)))
         };
         match tokio::time::timeout(CHECK_TIMEOUT * 2, ask).await {

@@ -10,6 +10,8 @@
 use http::Version;
 use pingora::http::RequestHeader;
 
+use super::fields::Fields;
+
 /// Why a request's framing is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -19,28 +21,26 @@ pub enum Refusal {
     UnknownCoding,
 }
 
-/// Checks an HTTP/1 request's head; `raw` gives the head as it came (pingora's parse drops a `Content-Length`
-/// that came with `Transfer-Encoding`, so only the raw head still shows it), asked for only when the request
-/// has a `Transfer-Encoding`.
-pub fn check<R: AsRef<[u8]>>(req: &RequestHeader, raw: impl FnOnce() -> R) -> Result<(), Refusal> {
-    let hosts = req.headers.get_all(http::header::HOST).iter().count();
-    if hosts > 1 {
+/// Checks an HTTP/1 request's head, whose fields `fields` has read; `raw` gives the head as it came
+/// (pingora's parse drops a `Content-Length` that came with `Transfer-Encoding`, so only the raw head still
+/// shows it), asked for only when the request has a `Transfer-Encoding`.
+pub fn check<R: AsRef<[u8]>>(req: &RequestHeader, fields: &Fields, raw: impl FnOnce() -> R) -> Result<(), Refusal> {
+    if fields.hosts > 1 {
         return Err(Refusal::BadRequest("the request carries more than one Host"));
     }
-    if hosts == 0 && req.version == Version::HTTP_11 {
+    if fields.hosts == 0 && req.version == Version::HTTP_11 {
         return Err(Refusal::BadRequest("an HTTP/1.1 request must carry Host"));
     }
-    let mut codings = req
+    if !fields.transfer_encoding {
+        return Ok(());
+    }
+    let codings: Vec<&[u8]> = req
         .headers
         .get_all(http::header::TRANSFER_ENCODING)
         .iter()
         .flat_map(|v| v.as_bytes().split(|b| *b == b','))
         .map(|c| c.trim_ascii())
-        .peekable();
-    if codings.peek().is_none() {
-        return Ok(());
-    }
-    let codings: Vec<&[u8]> = codings.collect();
+        .collect();
     if codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
         return Err(if codings.iter().any(|c| c.is_empty()) {
             Refusal::BadRequest("Transfer-Encoding has an empty coding")
@@ -80,9 +80,13 @@ mod tests {
         (req, raw)
     }
 
+    fn check_head(req: &RequestHeader, raw: Vec<u8>) -> Result<(), Refusal> {
+        check(req, &Fields::read(req, &http::HeaderName::from_static("x-forwarded-for")), || raw)
+    }
+
     fn checked(version: Version, fields: &[(&str, &str)]) -> Result<(), Refusal> {
         let (req, raw) = head(version, fields);
-        check(&req, || raw)
+        check_head(&req, raw)
     }
 
     #[test]
@@ -111,6 +115,6 @@ mod tests {
         let (mut req, raw) =
             head(Version::HTTP_11, &[("host", "x"), ("Content-Length", "5"), ("transfer-encoding", "chunked")]);
         req.remove_header("content-length");
-        assert!(matches!(check(&req, || raw), Err(Refusal::BadRequest(_))));
+        assert!(matches!(check_head(&req, raw), Err(Refusal::BadRequest(_))));
     }
 }

@@ -4,6 +4,7 @@
 //! client is; pingora parses, frames, pools and streams everything else.
 
 pub mod connections;
+pub mod fields;
 pub mod framing;
 pub mod queue;
 pub mod reply;
@@ -28,6 +29,7 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource};
 use tokens::Keyring;
 
+use self::fields::Fields;
 use self::queue::Queue;
 use self::reply::Reply;
 use self::routes::Route;
@@ -93,6 +95,12 @@ pub struct Ctx {
     /// The proof checked, when the client's own `Authorization` does not already say exactly `Bearer <proof>`
     /// (it came in the cookie, or in a header written otherwise): booking is shown it in a new one.
     proof: Option<String>,
+    /// The request asks for a live event stream: its answer may stay open for hours.
+    wants_stream: bool,
+    /// The request carries a `Cookie` field (which may hold the admission cookie, not for booking).
+    cookie: bool,
+    /// The request carries its own `X-Request-Id`.
+    request_id: bool,
 }
 
 // Fields are looked up by `HeaderName` constants: a name given as text is parsed and hashed again on each call.
@@ -109,16 +117,11 @@ fn declared_length(req: &RequestHeader) -> Option<u64> {
     header(req, &CONTENT_LENGTH).and_then(|v| v.parse().ok())
 }
 
-fn wants_html(req: &RequestHeader) -> bool {
-    !req.headers.contains_key(AUTHORIZATION) && header(req, &ACCEPT).is_some_and(|a| a.contains("text/html"))
+fn wants_html(fields: &Fields) -> bool {
+    fields.authorization.is_none() && fields.accepts("text/html")
 }
 
-/// A request for a live event stream: its answer may stay open for hours.
-fn wants_stream(req: &RequestHeader) -> bool {
-    header(req, &ACCEPT).is_some_and(|a| a.contains("text/event-stream"))
-}
-
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 // The fields added to every request forwarded, named as they go on the wire: pingora keeps a `&'static str`
 // name as it is, where it makes a titled copy of a `HeaderName`'s on each insert.
 const X_FORWARDED_FOR_WIRE: &str = "X-Forwarded-For";
@@ -128,12 +131,16 @@ const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 /// A new request id: 32 hex digits of a fast thread-local random number (unique enough to find a request in
 /// logs; not a secret).
 fn request_id() -> http::HeaderValue {
+    hex_id(rand::random())
+}
+
+/// `n` as 32 lowercase hex digits, written two a byte: shifting a 128-bit number costs two instructions a digit.
+fn hex_id(n: u128) -> http::HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut n: u128 = rand::random();
     let mut out = [0u8; 32];
-    for digit in out.iter_mut().rev() {
-        *digit = HEX[(n & 0xf) as usize];
-        n >>= 4;
+    for (digits, byte) in out.chunks_exact_mut(2).zip(n.to_be_bytes()) {
+        digits[0] = HEX[usize::from(byte >> 4)];
+        digits[1] = HEX[usize::from(byte & 0xf)];
     }
     http::HeaderValue::from_bytes(&out).unwrap_or(http::HeaderValue::from_static("0"))
 }
@@ -203,9 +210,11 @@ fn invalid(why: &str) -> Reply {
 
 impl Edge {
     /// The client's IP (trusted proxies considered), or the refusal of a trusted proxy's unreadable header.
-    fn client_ip(&self, session: &Session) -> Result<IpAddr, Reply> {
+    /// `named`: the request may carry the header trusted proxies name the client in (false once a pass over
+    /// its fields found none).
+    fn client_ip(&self, session: &Session, named: bool) -> Result<IpAddr, Reply> {
         let peer = session.client_addr().and_then(|a| a.as_inet()).map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
-        if !self.limits.is_trusted(peer) {
+        if !named || !self.limits.is_trusted(peer) {
             return Ok(peer);
         }
         let values = headers(session.req_header(), self.limits.client_header().name());
@@ -217,7 +226,7 @@ impl Edge {
 
     /// The per-IP limit on what the gateway answers itself and on public reads.
     fn check_ip(&self, session: &Session) -> Result<IpAddr, Reply> {
-        let ip = self.client_ip(session)?;
+        let ip = self.client_ip(session, true)?;
         self.limits.check_ip(ip).map_err(|wait| {
             crate::metrics::record_rate_limited("ip");
             too_many(wait)
@@ -226,9 +235,9 @@ impl Edge {
     }
 
     /// The framing checks pingora leaves to the application (HTTP/1 only: HTTP/2 frames bodies itself).
-    fn framing(session: &Session) -> Option<Reply> {
+    fn framing(session: &Session, fields: &Fields) -> Option<Reply> {
         let h1 = session.as_downstream().as_http1()?;
-        match framing::check(session.req_header(), || h1.get_headers_raw_bytes()) {
+        match framing::check(session.req_header(), fields, || h1.get_headers_raw_bytes()) {
             Ok(()) => None,
             Err(framing::Refusal::BadRequest(why)) => Some(invalid(why)),
             Err(framing::Refusal::UnknownCoding) => {
@@ -303,14 +312,12 @@ impl Edge {
     /// The admission check and per-account limit in front of booking, or the refusal. Booking is shown the
     /// proof checked alone: the answer is that proof, unless the request's one `Authorization` field already
     /// says exactly `Bearer <proof>` (`None`: the field goes on as it came).
-    fn admit(&self, req: &RequestHeader, event: i64) -> Result<Option<String>, Reply> {
-        let cookies = headers(req, &COOKIE);
-        let mut sent = req.headers.get_all(AUTHORIZATION).iter();
-        let (first, more) = (sent.next(), sent.next().is_some());
-        let authorization = first.map(|v| v.as_bytes());
+    fn admit(&self, req: &RequestHeader, fields: &Fields, event: i64) -> Result<Option<String>, Reply> {
+        let cookies = if fields.cookie { headers(req, &COOKIE) } else { Vec::new() };
+        let authorization = fields.authorization.map(|v| v.as_bytes());
         let (claims, proof) = match routes::check(&self.keyring, authorization, cookies.iter().copied(), event) {
             Ok(checked) => checked,
-            Err(refusal) if refusal.status == 401 && wants_html(req) => {
+            Err(refusal) if refusal.status == 401 && wants_html(fields) => {
                 // A browser without a valid proof goes to the waiting room, not to an error page.
                 let reply = Reply { status: 302, headers: Vec::new(), body: Bytes::new() };
                 return Err(reply.header("location", format!("/queue/{event}")));
@@ -321,7 +328,8 @@ impl Edge {
             crate::metrics::record_rate_limited("account");
             return Err(too_many(wait));
         }
-        let as_sent = !more && authorization.is_some_and(|v| v.strip_prefix(b"Bearer ") == Some(proof.as_bytes()));
+        let as_sent = fields.authorizations == 1
+            && authorization.is_some_and(|v| v.strip_prefix(b"Bearer ") == Some(proof.as_bytes()));
         Ok((!as_sent).then(|| proof.to_owned()))
     }
 
@@ -417,7 +425,9 @@ impl Edge {
 
     /// The answer to a request the gateway answers itself, or `None` for one that goes to booking.
     async fn answer(&self, session: &mut Session, ctx: &mut Ctx) -> Option<Reply> {
-        if let Some(refusal) = Self::framing(session) {
+        let req = session.req_header();
+        let fields = Fields::read(req, self.limits.client_header().name());
+        if let Some(refusal) = Self::framing(session, &fields) {
             return Some(refusal);
         }
         let route = routes::route(session.req_header().uri.path());
@@ -429,17 +439,20 @@ impl Edge {
                 Some(Box::pin(self.queue(session, &route)).await)
             }
             Route::MapStream(event) => {
-                let refusal = self.map_stream(session, event).await;
+                let refusal = Box::pin(self.map_stream(session, event)).await;
                 ctx.streamed = refusal.is_none();
                 refusal
             }
             Route::PublicMap(_) | Route::Event(_) => {
                 let checked = match route {
                     Route::Event(event) => self
-                        .admit(session.req_header(), event)
-                        .and_then(|proof| Ok((self.client_ip(session)?, Some(proof)))),
+                        .admit(req, &fields, event)
+                        .and_then(|proof| Ok((self.client_ip(session, fields.client_ip)?, Some(proof)))),
                     _ => self.check_ip(session).map(|ip| (ip, None)),
                 };
+                ctx.wants_stream = fields.accepts("text/event-stream");
+                ctx.cookie = fields.cookie;
+                ctx.request_id = fields.request_id;
                 let (ip, proof) = match checked {
                     Ok(checked) => checked,
                     Err(refusal) => return Some(refusal),
@@ -488,16 +501,18 @@ impl ProxyHttp for Edge {
         self.filter(session, ctx).await
     }
 
-    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<Box<HttpPeer>> {
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> pingora::Result<Box<HttpPeer>> {
         let not = if ctx.retried { ctx.tried } else { None };
-        let Some((node, mut peer)) = self.upstreams.select(not) else {
+        let Some((node, peer)) = self.upstreams.select(not) else {
             return Error::e_explain(HTTPStatus(503), "no booking node to try");
         };
-        if wants_stream(session.req_header()) {
+        // Cloned straight into its box: a peer is a few hundred bytes, copied once more when built elsewhere.
+        let mut peer = Box::new(peer.clone());
+        if ctx.wants_stream {
             peer.options.read_timeout = Some(self.stream_idle);
         }
         ctx.tried = Some(node);
-        Ok(Box::new(peer))
+        Ok(peer)
     }
 
     fn fail_to_connect(&self, _session: &mut Session, peer: &HttpPeer, ctx: &mut Ctx, mut e: Box<Error>) -> Box<Error> {
@@ -511,7 +526,7 @@ impl ProxyHttp for Edge {
 
     async fn upstream_request_filter(
         &self,
-        session: &mut Session,
+        _session: &mut Session,
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> pingora::Result<()> {
@@ -530,9 +545,11 @@ impl ProxyHttp for Edge {
             if let Some(proof) = ctx.proof.take() {
                 upstream.insert_header(AUTHORIZATION, format!("Bearer {proof}"))?;
             }
-            without_admission_cookie(upstream)?;
+            if ctx.cookie {
+                without_admission_cookie(upstream)?;
+            }
         }
-        if !session.req_header().headers.contains_key(&X_REQUEST_ID) {
+        if !ctx.request_id {
             upstream.insert_header(X_REQUEST_ID_WIRE, request_id())?;
         }
         Ok(())

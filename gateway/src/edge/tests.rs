@@ -2,7 +2,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
 
-use super::forwarded_for;
+use super::{forwarded_for, hex_id};
 
 #[test]
 fn forwarded_for_writes_the_addresses_at_the_edges_of_each_width() {
@@ -13,6 +13,11 @@ fn forwarded_for_writes_the_addresses_at_the_edges_of_each_width() {
 }
 
 proptest! {
+    #[test]
+    fn a_request_id_is_its_number_in_32_lowercase_hex_digits(n in any::<u128>()) {
+        prop_assert_eq!(hex_id(n).to_str().map(str::to_owned).ok(), Some(format!("{n:032x}")));
+    }
+
     #[test]
     fn forwarded_for_writes_an_address_as_the_standard_library_does(bits in any::<u32>(), v6 in any::<u128>()) {
         for ip in [IpAddr::V4(Ipv4Addr::from_bits(bits)), IpAddr::V6(Ipv6Addr::from_bits(v6))] {
