@@ -15,14 +15,18 @@
 --                                                                          deadline (ms), or +inf once paid
 --   its n seat keys
 -- ARGV[1]     1 to mark every seat whatever it holds now (Postgres just gave the seats to this order, e.g. a
---             late payment); 0 to mark only seats still carrying the hold's token or this order's marker
+--             late payment it accepted); 0 to mark only seats still carrying the hold's token or this order's
+--             marker; 2 to claim them all or none (a late payment, before Postgres is asked): every seat must
+--             be free or carry the hold's token or this order's marker, else nothing is written (nor when
+--             every seat carries the order's marker already)
 -- ARGV[2]     how long an account set outlives its last deadline (ms)
 -- then for each order, in turn: its hold token, its seat count n, its payment deadline (unix ms, or 0 when
 -- paid: the markers never lapse)
--- Returns     the number of seats marked, one per order
+-- Returns     the number of seats marked, one per order; with ARGV[1] = 2 and a seat another hold or order
+--             has, -1 for every order and nothing written
 -- Marker value: "sold:<token>", so releasing the order later deletes only its own markers.
 
-local force = ARGV[1] == '1'
+local force = ARGV[1] == '1' or ARGV[1] == '2'
 local retention = tonumber(ARGV[2])
 -- Checked before anything is written: the keys are the map's four, then each order's two keys and n seats.
 local expected = 4
@@ -34,6 +38,32 @@ for a = 3, #ARGV, 3 do
 end
 if expected ~= #KEYS then
   return redis.error_reply('reserve_seats: the keys do not match the orders and their seat counts')
+end
+-- A claim is all or nothing: refused whole if any seat has another hold or order's marker. Seats that all carry
+-- their order's marker already (a payment applied meanwhile marked them sold for good) are left as they are.
+if ARGV[1] == '2' then
+  local k = 5
+  local ours = {}
+  local all_ours = true
+  for a = 3, #ARGV, 3 do
+    local token, n = ARGV[a], tonumber(ARGV[a + 1])
+    for i = k + 2, k + 1 + n do
+      local v = redis.call('GET', KEYS[i])
+      if v and v ~= token and v ~= 'sold:' .. token then
+        local refused = {}
+        for _ = 3, #ARGV, 3 do
+          refused[#refused + 1] = -1
+        end
+        return refused
+      end
+      all_ours = all_ours and v == 'sold:' .. token
+    end
+    ours[#ours + 1] = n
+    k = k + 2 + n
+  end
+  if all_ours then
+    return ours
+  end
 end
 local now
 local marked = {}

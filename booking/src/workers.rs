@@ -9,12 +9,11 @@ use futures::StreamExt;
 use redisconn::Conn;
 use sqlx::PgPool;
 
-use crate::domain::order::Command;
 use crate::domain::{EventId, OrderId};
 use crate::provider;
 use crate::store::holds::Holds;
-use crate::store::lifecycle::{self, Changed, Delivery, Outcome, Scope, Window};
-use crate::store::{orders, outbox};
+use crate::store::lifecycle::{self, Changed, Delivery, Outcome, Window};
+use crate::store::{orders, outbox, payments};
 
 /// Orders one sweep transaction cancels at most.
 const SWEEP_BATCH: i64 = 500;
@@ -27,8 +26,10 @@ const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct PaymentCheck {
     pub provider: provider::Client,
     pub window: Window,
-    /// To mark a confirmed order's seats sold for good in Redis.
+    /// To claim a late payment's seats, and mark a confirmed order's seats sold for good, in Redis.
     pub holds: Holds,
+    /// The account's cap a late payment is held to, as a checkout is.
+    pub max_seats_per_account: usize,
 }
 
 /// Cancels unpaid orders past their deadline every `every`, forever. Correctness never waits for it: a passed
@@ -104,7 +105,8 @@ async fn confirm_lost_payments(pool: &PgPool, check: &PaymentCheck) -> Vec<Order
         }
         let id = format!("reconcile:{payment_id}");
         let delivery = Delivery { id: &id, kind: "payment.succeeded" };
-        match lifecycle::apply(pool, order, Scope::Any, Command::PaymentSucceeded, Some(delivery), check.window).await {
+        let cap = check.max_seats_per_account;
+        match payments::succeeded(pool, &check.holds, order, delivery, check.window, cap).await {
             Ok(Outcome::Changed { order, effect, .. }) => {
                 tracing::info!(order = %order.id, status = order.status.as_str(), "a lost payment was confirmed");
                 if let Err(e) = check.holds.after_change(&order, effect).await {

@@ -257,6 +257,7 @@ pub async fn serve(
             provider: state.payments.provider.clone(),
             window: state.payments.window,
             holds: state.holds.clone(),
+            max_seats_per_account: state.limits.max_seats_per_account,
         };
         background.push(tokio::spawn(workers::sweeper(state.pool.clone(), every, check)));
     }

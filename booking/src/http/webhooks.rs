@@ -19,6 +19,7 @@ use crate::domain::OrderId;
 use crate::domain::order::Command;
 use crate::provider::{WebhookEvent, signature};
 use crate::store::lifecycle::{self, Delivery, Outcome, Scope};
+use crate::store::payments;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookAnswer {
@@ -105,7 +106,14 @@ pub async fn payment_webhook(
         return Err(ApiError::unprocessable("payment_mismatch", "this order has no payment with that id"));
     }
     let delivery = Delivery { id: &event.id, kind: &event.kind };
-    let outcome = lifecycle::apply(&state.pool, id, Scope::Any, command, Some(delivery), state.payments.window).await?;
+    let window = state.payments.window;
+    let outcome = match command {
+        Command::PaymentSucceeded => {
+            let cap = state.limits.max_seats_per_account;
+            payments::succeeded(&state.pool, &state.holds, id, delivery, window, cap).await?
+        }
+        _ => lifecycle::apply(&state.pool, id, Scope::Any, command, Some(delivery), window).await?,
+    };
     let (order, outcome, duplicate) = match outcome {
         Outcome::Changed { order, effect, .. } => {
             follow_up(&state, &order, effect).await;

@@ -75,7 +75,8 @@ pub fn verify(secret: &[u8], header: Option<&str>, body: &[u8], now: i64) -> Res
     if v1.is_empty() || v1.len() > MAX_SIGNATURES {
         return Err(Refusal::Malformed);
     }
-    if (now - t).abs() > TOLERANCE_SECONDS {
+    // In i128, so a timestamp at either end of i64 is simply far from now (in i64 the difference wraps).
+    if (i128::from(now) - i128::from(t)).abs() > i128::from(TOLERANCE_SECONDS) {
         return Err(Refusal::Stale);
     }
     let expected = mac(secret, t, body).finalize();
@@ -109,6 +110,10 @@ mod tests {
         let twice = format!("t=1000,{h}");
         for bad in ["", "t=x,v1=00", "v1=00", "t=1000", "t=1000,v1=zz", "t=1000,v1=00", &five, &long, &twice] {
             assert_eq!(verify(SECRET, Some(bad), body, 1_000), Err(Refusal::Malformed), "{bad:?}");
+        }
+        // A timestamp at either end of i64 is stale, not a wrapped difference that happens to look recent.
+        for t in [i64::MIN, i64::MIN + 1, i64::MAX] {
+            assert_eq!(verify(SECRET, Some(&sign(SECRET, t, body)), body, 1_000), Err(Refusal::Stale), "t={t}");
         }
         // A rotating provider's two signatures: the current one may come second.
         let other = sign(b"old-secret", 1_000, body);

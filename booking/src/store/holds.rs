@@ -157,6 +157,17 @@ pub struct OrderSeats<'a> {
     pub seats: &'a [SeatId],
 }
 
+/// Which of an order's seats `reserve_seats` marks (its ARGV[1]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Marking {
+    /// Only seats still carrying the hold's token or the order's marker.
+    Ours = 0,
+    /// Every seat, whatever Redis holds for it (Postgres just gave the seats to the order).
+    Whatever = 1,
+    /// Every seat if each is free or the order's own, else none.
+    AllOrNone = 2,
+}
+
 /// How long an order's seats stay marked taken in Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Until {
@@ -494,6 +505,14 @@ impl Holds {
         Ok(marked.first().copied().unwrap_or(0))
     }
 
+    /// Before a late payment asks Postgres for its order's seats back: marks them all taken until `until`, as a
+    /// checkout's hold would have them, if every one is free or already the order's; else writes nothing and
+    /// returns false (a seat another fan holds now, or another order has, is never taken from them).
+    pub async fn claim(&self, event: EventId, order: &OrderSeats<'_>, until: Until) -> Result<bool, StoreError> {
+        let marked = self.mark(event, &[(*order, until)], Marking::AllOrNone).await?;
+        Ok(marked.first().is_some_and(|n| *n >= 0))
+    }
+
     /// [`Holds::reserve`] for several orders of one event in one script call (a batch of checkouts): one
     /// round trip and one bump of the seat map's version. Returns how many seats were marked, order by order.
     pub async fn reserve_all(
@@ -502,6 +521,15 @@ impl Holds {
         orders: &[(OrderSeats<'_>, Until)],
         force: bool,
     ) -> Result<Vec<i64>, StoreError> {
+        self.mark(event, orders, if force { Marking::Whatever } else { Marking::Ours }).await
+    }
+
+    async fn mark(
+        &self,
+        event: EventId,
+        orders: &[(OrderSeats<'_>, Until)],
+        marking: Marking,
+    ) -> Result<Vec<i64>, StoreError> {
         if orders.is_empty() {
             return Ok(vec![]);
         }
@@ -509,7 +537,7 @@ impl Holds {
         for key in self.keys.map(event) {
             inv.key(key);
         }
-        inv.arg(u8::from(force)).arg(ms(self.times.record_retention));
+        inv.arg(marking as u8).arg(ms(self.times.record_retention));
         for (order, until) in orders {
             inv.key(self.keys.record(event, order.token)).key(self.keys.account(event, order.account));
             for &seat in order.seats {

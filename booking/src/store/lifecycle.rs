@@ -151,8 +151,18 @@ pub async fn get(pool: &PgPool, id: OrderId, scope: Scope<'_>) -> Result<Option<
     Ok(load(pool, id, false).await?.filter(|o| in_scope(o, scope)))
 }
 
+/// What a late payment may take back (`store::payments` decides it with Redis first).
+#[derive(Debug, Clone, Copy)]
+pub struct Reclaim {
+    /// Redis gave the order every one of its seats back (none held or sold by another): Postgres may too.
+    pub seats_claimed: bool,
+    /// The account's cap on seats for the event, as a checkout applies it.
+    pub max_seats_per_account: usize,
+}
+
 /// Applies `command` to the order in one transaction. A `delivery` is recorded with it, and a delivery seen
-/// before changes nothing (`Outcome::Duplicate`).
+/// before changes nothing (`Outcome::Duplicate`). A payment for a cancelled order goes to `refund_due` here:
+/// only [`apply_payment`] may give such an order its seats back.
 pub async fn apply(
     pool: &PgPool,
     id: OrderId,
@@ -161,9 +171,55 @@ pub async fn apply(
     delivery: Option<Delivery<'_>>,
     window: Window,
 ) -> Result<Outcome, StoreError> {
+    apply_with(pool, id, scope, command, delivery, window, Late::RefundDue)
+        .await?
+        .ok_or_else(|| StoreError::Unexpected("a late payment asked for a claim it cannot have".into()))
+}
+
+/// A successful payment for the order, as [`apply`] applies it, except that a late one (the order is
+/// cancelled) takes its seats back when `claimed` allows it: Redis claimed them (`Some` with
+/// `seats_claimed`), and under the checkout's lock on the account, the account's cap and every seat's sale
+/// still allow it. `None`: the caller claimed nothing, having read the order on time; if it is late under
+/// the lock, nothing is written and the answer is `None` (claim, then call again).
+pub async fn apply_payment(
+    pool: &PgPool,
+    id: OrderId,
+    delivery: Delivery<'_>,
+    window: Window,
+    claimed: Option<Reclaim>,
+) -> Result<Option<Outcome>, StoreError> {
+    let late = claimed.map_or(Late::Unclaimed, Late::Claimed);
+    apply_with(pool, id, Scope::Any, Command::PaymentSucceeded, Some(delivery), window, late).await
+}
+
+/// Postgres's clock now.
+pub async fn db_now(pool: &PgPool) -> Result<OffsetDateTime, StoreError> {
+    Ok(sqlx::query_scalar("SELECT now()").fetch_one(pool).await?)
+}
+
+/// What a payment for a cancelled order may do.
+#[derive(Debug, Clone, Copy)]
+enum Late {
+    /// Go to `refund_due`.
+    RefundDue,
+    /// Nothing: the caller claimed no seats (it read the order on time), and is told to.
+    Unclaimed,
+    /// What the caller's claim allows.
+    Claimed(Reclaim),
+}
+
+async fn apply_with(
+    pool: &PgPool,
+    id: OrderId,
+    scope: Scope<'_>,
+    command: Command,
+    delivery: Option<Delivery<'_>>,
+    window: Window,
+    late: Late,
+) -> Result<Option<Outcome>, StoreError> {
     let mut tx = pool.begin().await?;
     let Some(before) = load(&mut *tx, id, true).await?.filter(|o| in_scope(o, scope)) else {
-        return Ok(Outcome::NotFound);
+        return Ok(Some(Outcome::NotFound));
     };
     if let Some(d) = delivery {
         let fresh = sqlx::query(
@@ -183,19 +239,19 @@ pub async fn apply(
                 .fetch_one(&mut *tx)
                 .await?;
             tx.rollback().await?;
-            return Ok(Outcome::Duplicate { order: before, outcome });
+            return Ok(Some(Outcome::Duplicate { order: before, outcome }));
         }
     }
     let from = before.status;
     let (to, effect) = match order::decide(before.state(), command) {
         Decision::Refuse(code) => {
             tx.rollback().await?;
-            return Ok(Outcome::Refused { order: before, code });
+            return Ok(Some(Outcome::Refused { order: before, code }));
         }
         Decision::Ignore => {
             record_delivery(&mut tx, delivery, "ignored").await?;
             tx.commit().await?;
-            return Ok(Outcome::Unchanged(before));
+            return Ok(Some(Outcome::Unchanged(before)));
         }
         Decision::Move { to, reason } => {
             transition(&mut tx, id, from, to, reason).await?;
@@ -209,7 +265,15 @@ pub async fn apply(
             (to, effect)
         }
         Decision::Reclaim => {
-            if reclaim(&mut tx, &before).await? {
+            let allowed = match late {
+                Late::Claimed(r) if r.seats_claimed => reclaim(&mut tx, &before, r.max_seats_per_account).await?,
+                Late::Unclaimed => {
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+                _ => false,
+            };
+            if allowed {
                 transition(&mut tx, id, from, Status::Paid, None).await?;
                 (Status::Paid, SeatsEffect::Paid)
             } else {
@@ -220,7 +284,7 @@ pub async fn apply(
         Decision::Extend => {
             if !extend(&mut tx, id, window).await? {
                 tx.rollback().await?;
-                return Ok(Outcome::Refused { order: before, code: "payment_window_at_cap" });
+                return Ok(Some(Outcome::Refused { order: before, code: "payment_window_at_cap" }));
             }
             (from, SeatsEffect::Extended)
         }
@@ -228,7 +292,7 @@ pub async fn apply(
     record_delivery(&mut tx, delivery, to.as_str()).await?;
     let order = load(&mut *tx, id, false).await?.ok_or_else(|| StoreError::Unexpected("order vanished".into()))?;
     tx.commit().await?;
-    Ok(Outcome::Changed { order, from, effect })
+    Ok(Some(Outcome::Changed { order, from, effect }))
 }
 
 async fn record_delivery(
@@ -268,9 +332,35 @@ async fn transition(
     Ok(())
 }
 
-/// A payment for a cancelled order: takes its seats back if every one is still free (freeing those held only
-/// by orders whose deadline passed). Returns false, writing nothing, if any seat was sold meanwhile.
-async fn reclaim(tx: &mut Transaction<'_, Postgres>, order: &OrderRow) -> Result<bool, StoreError> {
+/// A payment for a cancelled order: takes its seats back if the account's cap still has room for them and
+/// every one is still free (freeing those held only by orders whose deadline passed). Returns false, writing
+/// nothing, if the cap is full or any seat was sold meanwhile.
+async fn reclaim(
+    tx: &mut Transaction<'_, Postgres>,
+    order: &OrderRow,
+    max_seats_per_account: usize,
+) -> Result<bool, StoreError> {
+    // The lock a checkout of this account for this event takes (`checkout_order`): no checkout of the account
+    // counts its seats while this does, and none commits between this count and this write.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2::bigint::text, 11))")
+        .bind(&order.account)
+        .bind(order.event.0)
+        .execute(&mut **tx)
+        .await?;
+    let owned: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orders o JOIN order_seats os ON os.order_id = o.id
+         WHERE o.event_id = $1 AND o.account_id = $2 AND o.id <> $3
+           AND os.active AND (os.expires_at IS NULL OR os.expires_at > now())",
+    )
+    .bind(order.event.0)
+    .bind(&order.account)
+    .bind(order.id.0)
+    .fetch_one(&mut **tx)
+    .await?;
+    let cap = i64::try_from(max_seats_per_account).unwrap_or(i64::MAX);
+    if owned.saturating_add(order.seats.len() as i64) > cap {
+        return Ok(false);
+    }
     let ids: Vec<i64> = order.seats.iter().map(|s| s.0.0).collect();
     // A savepoint: a unique violation (a seat sold to another order) undoes only this attempt.
     sqlx::query("SAVEPOINT reclaim").execute(&mut **tx).await?;

@@ -6,6 +6,7 @@ pub mod holds;
 pub mod lifecycle;
 pub mod orders;
 pub mod outbox;
+pub mod payments;
 
 use std::time::Duration;
 
