@@ -50,6 +50,16 @@ pub struct Config {
     /// before the gateway gives up on it; booking's heartbeats keep a healthy stream well inside it.
     #[arg(long, env = "GATEWAY_STREAM_IDLE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub stream_idle_seconds: u64,
+    /// Longest a write to a client may make no progress, in milliseconds: a forwarded answer, the gateway's own,
+    /// or a seat map stream. Past it the client's connection is closed (and booking's, for a forwarded answer),
+    /// so a client that never reads holds neither for long.
+    #[arg(long, env = "GATEWAY_CLIENT_WRITE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub client_write_timeout_ms: u64,
+    /// Longest a client may take to send a request's head, in seconds: from the connection's accept, or from
+    /// the end of the idle time the gateway allows after a request (60 s). A connection whose head is not in
+    /// by then is closed. HTTP/2 connections keep HTTP/2's own rules.
+    #[arg(long, env = "GATEWAY_HEAD_TIMEOUT_SECONDS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub head_timeout_seconds: u64,
     /// How often each booking node's `/readyz` is asked, in milliseconds. A node that fails once is taken out
     /// of the rotation; one that answers once is put back.
     #[arg(long, env = "GATEWAY_HEALTH_CHECK_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..))]
@@ -135,6 +145,11 @@ pub struct Config {
     /// Mark cookies `Secure` (turn off only for plain-HTTP development on a non-localhost name).
     #[arg(long, env = "GATEWAY_COOKIE_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
     pub cookie_secure: bool,
+    /// Serve the demo sign-in: `GET /queue/{id}/signin?code=` exchanges a one-time code made on the admin
+    /// listener (`POST /admin/signin-codes`, `deploy/stack url`) for the account cookie. For demos and tests
+    /// only: a platform signs its fans in itself and sets the cookie.
+    #[arg(long, env = "GATEWAY_DEV_SIGNIN", default_value_t = false, action = clap::ArgAction::Set)]
+    pub dev_signin: bool,
     /// Lifetime of a queue ticket, in seconds.
     #[arg(long, env = "GATEWAY_TICKET_TTL_SECONDS", default_value_t = 43_200)]
     pub ticket_ttl_seconds: u64,
@@ -142,6 +157,28 @@ pub struct Config {
     /// gateway may use.
     #[arg(long, env = "GATEWAY_THREADS", default_value_t = 2)]
     pub threads: usize,
+    /// Live seat map streams open at once from one client address prefix (`GATEWAY_STREAMS_PREFIX_V4` /
+    /// `_V6` bits; the client IP as the rate limits read it, so behind a CDN the fan's own); past it, 429
+    /// `too_many_streams`. 0: no cap.
+    #[arg(long, env = "GATEWAY_STREAMS_PER_PREFIX", default_value_t = 64)]
+    pub streams_per_prefix: u32,
+    /// The IPv4 prefix length streams are counted by.
+    #[arg(long, env = "GATEWAY_STREAMS_PREFIX_V4", default_value_t = 32, value_parser = clap::value_parser!(u8).range(0..=32))]
+    pub streams_prefix_v4: u8,
+    /// The IPv6 prefix length streams are counted by (a subscriber is usually given a /56 or a /48).
+    #[arg(long, env = "GATEWAY_STREAMS_PREFIX_V6", default_value_t = 56, value_parser = clap::value_parser!(u8).range(0..=128))]
+    pub streams_prefix_v6: u8,
+    /// Live seat map streams open at once for one event on this node; past it, 503 `streams_full`. 0: no cap.
+    #[arg(long, env = "GATEWAY_STREAMS_PER_EVENT", default_value_t = 10_000)]
+    pub streams_per_event: u32,
+    /// Live seat map streams open at once on this node (each holds a file descriptor); past it, 503
+    /// `streams_full`. 0: no cap.
+    #[arg(long, env = "GATEWAY_STREAMS_MAX", default_value_t = 12_000)]
+    pub streams_max: u32,
+    /// Seconds a live seat map stream lasts (less a random tenth) before it ends cleanly and its client
+    /// resumes with `Last-Event-ID`.
+    #[arg(long, env = "GATEWAY_STREAM_LIFETIME_SECONDS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_lifetime_seconds: u64,
     /// Seconds a SIGTERM waits for in-flight requests before the gateway exits (SIGINT exits at once).
     #[arg(long, env = "GATEWAY_GRACE_SECONDS", default_value_t = 5)]
     pub grace_seconds: u64,
@@ -160,6 +197,17 @@ impl Config {
         crate::store::Replication {
             replicas: self.redis_wait_replicas,
             timeout: Duration::from_millis(self.redis_wait_ms),
+        }
+    }
+
+    pub fn stream_caps(&self) -> crate::edge::stream::CapOptions {
+        crate::edge::stream::CapOptions {
+            per_prefix: self.streams_per_prefix,
+            prefix_v4: self.streams_prefix_v4,
+            prefix_v6: self.streams_prefix_v6,
+            per_event: self.streams_per_event,
+            total: self.streams_max,
+            lifetime: Duration::from_secs(self.stream_lifetime_seconds),
         }
     }
 

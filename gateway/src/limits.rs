@@ -175,6 +175,17 @@ impl Limits {
         self.per_ip.check_key(&limit_key(ip)).map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
 
+    /// [`Limits::check_ip`] for a request that costs `n` of the address's budget (an answer many times the
+    /// size of most); one that costs more than the whole burst waits a second and is never let through.
+    pub fn check_ip_n(&self, ip: IpAddr, n: u32) -> Result<(), Duration> {
+        let Some(n) = NonZeroU32::new(n) else { return Ok(()) };
+        match self.per_ip.check_key_n(&limit_key(ip), n) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(not_until)) => Err(not_until.wait_time_from(self.clock.now())),
+            Err(_) => Err(Duration::from_secs(1)),
+        }
+    }
+
     /// Forgets keys whose limit has fully refilled (they would start afresh anyway).
     pub fn evict_idle(&self) {
         {

@@ -83,6 +83,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
             cookie_secure: cfg.cookie_secure,
             admit_burst,
             max_walk: MAX_WALK,
+            dev_signin: cfg.dev_signin,
         },
     };
 
@@ -107,12 +108,19 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         limits: limits.clone(),
         max_body: cfg.max_body_bytes as usize,
         stream_idle: Duration::from_secs(cfg.stream_idle_seconds),
+        write_timeout: Duration::from_millis(cfg.client_write_timeout_ms),
         feeds: gateway::seatmap::Feeds::new(store.fork(), gateway::seatmap::FeedOptions::default()),
+        stream_caps: gateway::edge::stream::Caps::new(cfg.stream_caps()),
+    };
+    let heads = gateway::edge::connections::HeadTimes {
+        head: Duration::from_secs(cfg.head_timeout_seconds),
+        idle: Duration::from_secs(gateway::edge::KEEPALIVE_SECONDS),
     };
     let app = PerClientCap::new(
         pingora::proxy::http_proxy(&server.configuration, edge),
         limits.clone(),
         cfg.max_connections_per_ip,
+        heads,
     );
     let mut proxy = pingora::services::listening::Service::new("gateway".into(), app);
     // A fan's connection spends its life waiting (between requests, or on a live map's stream), and pingora

@@ -48,6 +48,11 @@ pub fn record_connection_refused() {
     metrics::counter!("gateway_connections_refused_total").increment(1);
 }
 
+/// One connection closed because its request's head did not arrive in time.
+pub fn record_head_timeout() {
+    metrics::counter!("gateway_head_timeouts_total").increment(1);
+}
+
 /// One request refused by a rate limit.
 pub fn record_rate_limited(limit: &'static str) {
     metrics::counter!("gateway_rate_limited_total", "limit" => limit).increment(1);

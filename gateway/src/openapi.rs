@@ -62,8 +62,11 @@ fn page() {}
 /// `id: <version>` and `{"from", "version", "at", "changes": [[seat_id, "a" | "h" | "s"], ...]}` (available,
 /// held, sold; in order, the last for a seat wins; `at`: when the first was made, unix ms), and a
 /// `: heartbeat` comment every 15 s. `Last-Event-ID` (or
-/// `?since=<version>`) resumes after that version from the log; `event: resync` (`{"reason", "status"}`) ends
-/// a stream that cannot be carried on: the log no longer reaches back that far, or the client fell behind.
+/// `?since=<version>`) resumes after that version from the log, at most 512 versions back; `event: resync`
+/// (`{"reason", "status"}`) ends a stream that cannot be carried on: the log no longer reaches back that far,
+/// the client is further behind than a replay goes (`too_far_behind`), or it fell behind. A stream ends by
+/// itself after its lifetime (an hour by default): resume with `Last-Event-ID`. Streams are capped per client
+/// address prefix (429 `too_many_streams`), per event and per node (503 `streams_full`), with `Retry-After`.
 #[utoipa::path(get, path = "/events/{event_id}/seats/stream", tag = "seat map",
     params(
         ("event_id" = i64, Path, minimum = 1, description = "event id"),
@@ -73,7 +76,9 @@ fn page() {}
     responses(
         (status = 200, content_type = "text/event-stream", body = String, description = "the stream"),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody, description = "no room for this event"),
-        (status = 405, body = ErrorBody), (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),
+        (status = 405, body = ErrorBody),
+        (status = 429, body = ErrorBody, description = "`rate_limited`, `too_many_streams`"),
+        (status = 503, body = ErrorBody, description = "`queue_unavailable`, `streams_full`"),
     ))]
 fn seat_stream() {}
 

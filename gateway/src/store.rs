@@ -157,6 +157,11 @@ pub fn rooms_key(prefix: &str) -> String {
     format!("{prefix}queue:rooms")
 }
 
+/// A demo sign-in code (no hash tag: a key on its own).
+pub fn signin_key(prefix: &str, code: &str) -> String {
+    format!("{prefix}gateway:signin:{code}")
+}
+
 /// The gateway nodes that said lately that they are alive (`lua/gateway_nodes.lua`).
 pub fn nodes_key(prefix: &str) -> String {
     format!("{prefix}gateway:nodes")
@@ -553,6 +558,20 @@ impl QueueStore {
             _ => None,
         };
         Ok(matches!((count("entries-added"), count("length")), (Some(added), Some(length)) if added == length))
+    }
+
+    /// Keeps a demo sign-in code for `lifetime`: exchanged once, for `account_token`.
+    pub async fn put_signin_code(&self, code: &str, account_token: &str, lifetime: Duration) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let seconds = lifetime.as_secs().max(1);
+        let () = self.run(conn.set_ex(signin_key(&self.prefix, code), account_token, seconds)).await?;
+        Ok(())
+    }
+
+    /// The account token a demo sign-in code was made for, once: the code is gone as it is read.
+    pub async fn take_signin_code(&self, code: &str) -> Result<Option<String>, StoreError> {
+        let mut conn = self.conn.clone();
+        self.run(conn.get_del(signin_key(&self.prefix, code))).await
     }
 
     /// The account's place, if it has one.

@@ -25,8 +25,9 @@ def token(kind, account, event=None):
 
 
 def queue_link(account, event=SALE):
-    """The link `deploy/stack url` makes: the waiting room, signed in through the fragment."""
-    return f"{GATEWAY}/queue/{event}#account={token('account', account)}"
+    """The link `deploy/stack url` makes: a one-time sign-in code the gateway exchanges for the account's
+    cookie, then the waiting room."""
+    return subprocess.check_output([STACK, "url", "--account", account, "--event", str(event)], text=True).strip()
 
 
 def api(method, path, account, body=None, event=SALE):

@@ -73,6 +73,7 @@ fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/admin/events/{event}", get(get_room).put(put_room))
         .route("/admin/events/{event}/draw", get(get_draw))
+        .route("/admin/signin-codes", axum::routing::post(post_signin_code))
         .route("/metrics", get(|| async { telemetry::prometheus().render() }))
         .route("/healthz", get(|| async { axum::Json(json!({ "status": "ok" })) }))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route") })
@@ -265,6 +266,37 @@ async fn put_room(
     tracing::info!(event, ?patch, version = configured.settings.version, "waiting room changed");
     let view = RoomView { drawn: Some(drawn), ..RoomView::new(event, &configured.settings) };
     Ok(axum::Json(view).into_response())
+}
+
+/// `POST /admin/signin-codes` `{"account_token"}`: a demo sign-in code for that account token, good once for
+/// a few minutes at `GET /queue/{event}/signin?code=` (a node with `GATEWAY_DEV_SIGNIN` only). The token is
+/// checked when the code is exchanged.
+async fn post_signin_code(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Refused> {
+    if !authorised(&headers, &state.token) {
+        return Err(error(StatusCode::UNAUTHORIZED, "admin_token_required", "the admin API needs its bearer token"));
+    }
+    #[derive(serde::Deserialize)]
+    struct Ask {
+        account_token: String,
+    }
+    let ask: Ask = serde_json::from_slice(&body)
+        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", &e.to_string()))?;
+    if ask.account_token.is_empty() || ask.account_token.len() > tokens::MAX_TOKEN_BYTES {
+        return Err(error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "account_token is not a token"));
+    }
+    let store = state.store.get().map_err(|_| unavailable())?;
+    let code = crate::edge::queue::new_signin_code();
+    let lifetime = crate::edge::queue::SIGNIN_CODE_LIFETIME;
+    store.put_signin_code(&code, &ask.account_token, lifetime).await.map_err(|e| {
+        tracing::warn!(error = %e, "could not keep a sign-in code");
+        unavailable()
+    })?;
+    let answer = json!({ "code": code, "expires_in_seconds": lifetime.as_secs() });
+    Ok((StatusCode::CREATED, axum::Json(answer)).into_response())
 }
 
 async fn get_draw(

@@ -1,32 +1,55 @@
-//! A cap on the connections one client IP holds open at the public listener. Pingora times each read of a
-//! request's head but not the whole head, so a client that sends a byte now and then keeps its connection; the
-//! cap bounds how many of those one address (an IPv6 client's /64) can hold. Trusted proxies are not capped:
-//! every fan behind a CDN arrives through a few of its addresses.
+//! What the public listener holds to per connection, wrapped around pingora's HTTP app at its extension point,
+//! [`ServerApp`] (pingora calls `process_new` with each new connection and serves every request on it):
 //!
-//! It wraps pingora's HTTP app at its extension point, [`ServerApp`]: pingora calls `process_new` once per
-//! request with the connection, and again with the same connection while it is kept alive, so a connection is
-//! new when it is not among the open ones, and over when a call does not hand it back. A connection is known by
-//! its file descriptor and its peer's address and port: a descriptor alone may already belong to a new
-//! connection when the call that closed the old one returns. A connection over the cap is closed before
-//! anything is read from it.
+//! - **A deadline for each request's head.** Pingora times each read of a head (60 s) but not the whole head,
+//!   so a client that sends a byte now and then kept its connection for as long as it liked. A connection is
+//!   closed when no request is in flight and its deadline passes: the accept plus `head`, then the end of each
+//!   request plus the keep-alive time and `head`. The proxy marks a request's start (its head read whole) and
+//!   end on the connection's [`HeadClock`], which the stream carries ([`Watched`]). HTTP/2 connections are left
+//!   to HTTP/2 (its streams are not this connection's reads).
+//! - **A cap on the connections one client IP holds open.** Trusted proxies are not capped: every fan behind a
+//!   CDN arrives through a few of their addresses. A connection is known by its file descriptor and its peer's
+//!   address and port: a descriptor alone may already belong to a new connection when the call that closed the
+//!   old one returns. A connection over the cap is closed before anything is read from it.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
-use pingora::protocols::{Stream, UniqueIDType};
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::TlsRef;
+use pingora::protocols::{
+    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream, TimingDigest,
+    UniqueID, UniqueIDType,
+};
 use pingora::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 
 use crate::limits::{Limits, limit_key};
 
-/// `app` with at most `max_per_ip` open connections per client IP (0: no cap).
+/// `app` with at most `max_per_ip` open connections per client IP (0: no cap), and a deadline for each head.
 pub struct PerClientCap<A> {
     app: Arc<A>,
     limits: Arc<Limits>,
     max_per_ip: u32,
     open: Mutex<Open>,
+    heads: HeadTimes,
+}
+
+/// How long a connection may go without a request in flight.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadTimes {
+    /// From the accept, or from the end of the connection's idle time, to a request's head read whole.
+    pub head: Duration,
+    /// After a request, how long the client may keep the connection idle before it starts the next.
+    pub idle: Duration,
 }
 
 /// A connection: its descriptor and its peer.
@@ -41,8 +64,8 @@ struct Open {
 }
 
 impl<A> PerClientCap<A> {
-    pub fn new(app: A, limits: Arc<Limits>, max_per_ip: u32) -> Self {
-        Self { app: Arc::new(app), limits, max_per_ip, open: Mutex::default() }
+    pub fn new(app: A, limits: Arc<Limits>, max_per_ip: u32, heads: HeadTimes) -> Self {
+        Self { app: Arc::new(app), limits, max_per_ip, open: Mutex::default(), heads }
     }
 
     fn open(&self) -> std::sync::MutexGuard<'_, Open> {
@@ -87,19 +110,45 @@ impl<A> PerClientCap<A> {
     }
 }
 
+impl<A: ServerApp + Send + Sync + 'static> PerClientCap<A> {
+    /// Serves the connection, closing it when its head deadline passes with no request in flight.
+    async fn serve(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
+        if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
+            return self.app.process_new(stream, shutdown).await;
+        }
+        let (stream, clock) = match stream.as_any().downcast_ref::<Watched>() {
+            Some(watched) => {
+                let clock = watched.clock.clone();
+                (stream, clock)
+            }
+            None => {
+                let clock = Arc::new(HeadClock::new(self.heads));
+                (Box::new(Watched { inner: stream, clock: clock.clone() }) as Stream, clock)
+            }
+        };
+        tokio::select! {
+            kept = self.app.process_new(stream, shutdown) => kept,
+            () = clock.expired() => {
+                crate::metrics::record_head_timeout();
+                None
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl<A: ServerApp + Send + Sync + 'static> ServerApp for PerClientCap<A> {
     async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
         let peer = stream.get_socket_digest().and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).copied());
         let Some(peer) = peer.filter(|p| self.max_per_ip > 0 && !self.limits.is_trusted(p.ip())) else {
-            return self.app.process_new(stream, shutdown).await;
+            return self.serve(stream, shutdown).await;
         };
         let id = (stream.id(), peer);
         if !self.enter(id) {
             crate::metrics::record_connection_refused();
             return None;
         }
-        let kept = self.app.process_new(stream, shutdown).await;
+        let kept = self.serve(stream, shutdown).await;
         if kept.is_none() {
             self.leave(id);
         }
@@ -108,6 +157,175 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for PerClientCap<A> {
 
     async fn cleanup(&self) {
         self.app.cleanup().await;
+    }
+}
+
+/// When a connection without a request in flight is closed. The proxy marks each request's start and end.
+#[derive(Debug)]
+pub struct HeadClock {
+    times: HeadTimes,
+    start: Instant,
+    /// Milliseconds after `start` past which the connection is closed while no request is in flight.
+    deadline_ms: AtomicU64,
+    in_flight: AtomicU32,
+    changed: Notify,
+}
+
+impl HeadClock {
+    fn new(times: HeadTimes) -> Self {
+        Self {
+            times,
+            start: Instant::now(),
+            deadline_ms: AtomicU64::new(times.head.as_millis() as u64),
+            in_flight: AtomicU32::new(0),
+            changed: Notify::new(),
+        }
+    }
+
+    /// A request's head was read whole: no deadline while it is served.
+    pub fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A request was answered: the next must start within the idle time and have its head read within `head`.
+    pub fn request_ended(&self) {
+        let next = self.start.elapsed() + self.times.idle + self.times.head;
+        self.deadline_ms.store(next.as_millis() as u64, Ordering::Release);
+        if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Ends when the deadline has passed with no request in flight.
+    async fn expired(&self) {
+        loop {
+            if self.in_flight.load(Ordering::Acquire) > 0 {
+                self.changed.notified().await;
+                continue;
+            }
+            let at = self.start + Duration::from_millis(self.deadline_ms.load(Ordering::Acquire));
+            if Instant::now() >= at {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(at.into()) => {}
+                () = self.changed.notified() => {}
+            }
+        }
+    }
+}
+
+/// A client connection with its [`HeadClock`]: every call goes to the connection itself.
+#[derive(Debug)]
+pub struct Watched {
+    inner: Stream,
+    clock: Arc<HeadClock>,
+}
+
+impl Watched {
+    /// The head clock of the connection `stream` is, if the listener watches it.
+    pub fn clock(stream: &Stream) -> Option<&HeadClock> {
+        stream.as_any().downcast_ref::<Self>().map(|w| &*w.clock)
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for Watched {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await;
+    }
+}
+
+impl UniqueID for Watched {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for Watched {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for Watched {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for Watched {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: ProxyDigest) {
+        self.inner.set_proxy_digest(digest);
+    }
+}
+
+impl GetSocketDigest for Watched {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, digest: SocketDigest) {
+        self.inner.set_socket_digest(digest);
+    }
+}
+
+#[async_trait]
+impl Peek for Watched {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
+        self.inner.try_peek(buf).await
     }
 }
 
@@ -120,7 +338,8 @@ mod tests {
     #[test]
     fn connections_are_counted_per_key_in_and_out() {
         let limits = Arc::new(Limits::new(1, 1, 1, 1, Vec::new()));
-        let cap = PerClientCap::new(Nothing, limits, 2);
+        let heads = HeadTimes { head: Duration::from_secs(1), idle: Duration::from_secs(1) };
+        let cap = PerClientCap::new(Nothing, limits, 2, heads);
         let peer = |s: &str| s.parse::<SocketAddr>().expect("addr");
         let (a, a_other_64, b) = (peer("[2001:db8::1]:1000"), peer("[2001:db8::2]:1000"), peer("192.0.2.1:1000"));
         assert!(cap.enter((1, a)));
@@ -139,5 +358,24 @@ mod tests {
             cap.leave(id);
         }
         assert_eq!(cap.counted(), (0, 0), "nothing left behind");
+    }
+
+    #[tokio::test]
+    async fn a_connection_expires_only_while_no_request_is_in_flight() {
+        let times = HeadTimes { head: Duration::from_millis(50), idle: Duration::from_millis(50) };
+        let clock = HeadClock::new(times);
+        clock.request_started();
+        let waited = tokio::time::timeout(Duration::from_millis(300), clock.expired()).await;
+        assert!(waited.is_err(), "a request in flight keeps its connection");
+        clock.request_ended();
+        let waited = tokio::time::timeout(Duration::from_secs(10), clock.expired()).await;
+        assert!(waited.is_ok(), "idle and no head: the deadline passes");
+        // Two at once (HTTP/1 pipelining keeps one; the count allows more): the first ending does not expire it.
+        let clock = HeadClock::new(times);
+        clock.request_started();
+        clock.request_started();
+        clock.request_ended();
+        let waited = tokio::time::timeout(Duration::from_millis(300), clock.expired()).await;
+        assert!(waited.is_err(), "one request still in flight");
     }
 }

@@ -5,7 +5,9 @@
 //! Pingora already refuses a `Transfer-Encoding` on HTTP/1.0, a final coding other than `chunked`, and
 //! `Content-Length` values that disagree or are not numbers. It does not refuse `chunked` applied twice, an
 //! unknown coding before `chunked`, a missing or repeated `Host`, nor `Content-Length` beside
-//! `Transfer-Encoding` (it drops the length and reads chunks); this module does.
+//! `Transfer-Encoding` (it drops the length and reads chunks), nor a line of the head that ends in a bare LF
+//! (httparse reads it as a line end, where a proxy in front may not: RFC 9112 §2.2 lets a server refuse it);
+//! this module does.
 
 use http::Version;
 use pingora::http::RequestHeader;
@@ -21,10 +23,15 @@ pub enum Refusal {
     UnknownCoding,
 }
 
-/// Checks an HTTP/1 request's head, whose fields `fields` has read; `raw` gives the head as it came
-/// (pingora's parse drops a `Content-Length` that came with `Transfer-Encoding`, so only the raw head still
-/// shows it), asked for only when the request has a `Transfer-Encoding`.
+/// Checks an HTTP/1 request's head, whose fields `fields` has read; `raw` gives the head as it came (pingora's
+/// parse drops a `Content-Length` that came with `Transfer-Encoding`, and every line end, so only the raw head
+/// still shows them).
 pub fn check<R: AsRef<[u8]>>(req: &RequestHeader, fields: &Fields, raw: impl FnOnce() -> R) -> Result<(), Refusal> {
+    let raw = raw();
+    let raw = raw.as_ref();
+    if memchr::memchr_iter(b'\n', raw).any(|at| at == 0 || raw[at - 1] != b'\r') {
+        return Err(Refusal::BadRequest("a line of the request's head ends in a bare LF, not CRLF"));
+    }
     if fields.hosts > 1 {
         return Err(Refusal::BadRequest("the request carries more than one Host"));
     }
@@ -51,9 +58,7 @@ pub fn check<R: AsRef<[u8]>>(req: &RequestHeader, fields: &Fields, raw: impl FnO
     if codings.len() > 1 {
         return Err(Refusal::BadRequest("Transfer-Encoding applies chunked more than once"));
     }
-    let raw = raw();
     let content_length = raw
-        .as_ref()
         .split(|b| *b == b'\n')
         .skip(1)
         .filter_map(|line| line.split(|b| *b == b':').next())
@@ -116,5 +121,17 @@ mod tests {
             head(Version::HTTP_11, &[("host", "x"), ("Content-Length", "5"), ("transfer-encoding", "chunked")]);
         req.remove_header("content-length");
         assert!(matches!(check_head(&req, raw), Err(Refusal::BadRequest(_))));
+    }
+
+    #[test]
+    fn a_head_line_ending_in_a_bare_lf_is_refused() {
+        let (req, raw) = head(Version::HTTP_11, &[("host", "x"), ("accept", "*/*")]);
+        assert_eq!(check_head(&req, raw.clone()), Ok(()));
+        let text = String::from_utf8(raw).expect("text");
+        for bare in [text.replacen("\r\naccept", "\naccept", 1), text.replacen("HTTP/1.1\r\n", "HTTP/1.1\n", 1)] {
+            assert!(matches!(check_head(&req, bare.clone().into_bytes()), Err(Refusal::BadRequest(_))), "{bare:?}");
+        }
+        let last = text.strip_suffix("\r\n\r\n").map(|t| format!("{t}\r\n\n")).expect("the blank line");
+        assert!(matches!(check_head(&req, last.into_bytes()), Err(Refusal::BadRequest(_))), "the blank line");
     }
 }

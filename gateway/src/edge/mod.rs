@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::HeaderName;
-use http::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, COOKIE, EXPECT, TRANSFER_ENCODING};
+use http::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_LENGTH, COOKIE, EXPECT, TRANSFER_ENCODING};
 use pingora::ErrorType::{ConnectionClosed, HTTPStatus, ReadError, WriteError};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::modules::http::HttpModules;
@@ -29,6 +29,7 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource};
 use tokens::Keyring;
 
+use self::connections::Watched;
 use self::fields::Fields;
 use self::queue::Queue;
 use self::reply::Reply;
@@ -57,7 +58,9 @@ static PAGE_POLICY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     )
 });
 /// How long a client's idle connection is kept open between requests, in seconds.
-const KEEPALIVE_SECONDS: u64 = 60;
+pub const KEEPALIVE_SECONDS: u64 = 60;
+/// What a seat map layout sent uncompressed costs of its address's per-IP budget, in requests.
+pub const UNCOMPRESSED_LAYOUT_COST: u32 = 20;
 /// How long a client may take to send a request's whole body.
 const BODY_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -71,8 +74,12 @@ pub struct Edge {
     pub max_body: usize,
     /// Longest silence between reads of a live event stream.
     pub stream_idle: Duration,
+    /// Longest a write to the client may make no progress.
+    pub write_timeout: Duration,
     /// The live seat maps' feeds on this node.
     pub feeds: Arc<Feeds>,
+    /// The bounds on the live seat map streams this node serves.
+    pub stream_caps: Arc<stream::Caps>,
 }
 
 /// What one request carries from phase to phase.
@@ -101,6 +108,8 @@ pub struct Ctx {
     cookie: bool,
     /// The request carries its own `X-Request-Id`.
     request_id: bool,
+    /// The request was counted in flight on its connection's head clock.
+    watched: bool,
 }
 
 // Fields are looked up by `HeaderName` constants: a name given as text is parsed and hashed again on each call.
@@ -226,12 +235,26 @@ impl Edge {
 
     /// The per-IP limit on what the gateway answers itself and on public reads.
     fn check_ip(&self, session: &Session) -> Result<IpAddr, Reply> {
+        self.check_ip_n(session, 1)
+    }
+
+    /// The per-IP limit, for a request that costs `n` of the address's budget.
+    fn check_ip_n(&self, session: &Session, n: u32) -> Result<IpAddr, Reply> {
         let ip = self.client_ip(session, true)?;
-        self.limits.check_ip(ip).map_err(|wait| {
+        self.limits.check_ip_n(ip, n).map_err(|wait| {
             crate::metrics::record_rate_limited("ip");
             too_many(wait)
         })?;
         Ok(ip)
+    }
+
+    /// What a public read costs of its address's budget: a layout sent uncompressed (a megabyte for a stadium,
+    /// twenty times its gzip) costs [`UNCOMPRESSED_LAYOUT_COST`], so an address without a CDN in front cannot
+    /// draw the bandwidth of fifty a second; everything else one.
+    fn public_read_cost(req: &RequestHeader) -> u32 {
+        let layout = req.uri.path().contains("/seats/layout/");
+        let gzip = || header(req, &ACCEPT_ENCODING).is_some_and(|v| v.to_ascii_lowercase().contains("gzip"));
+        if layout && !gzip() { UNCOMPRESSED_LAYOUT_COST } else { 1 }
     }
 
     /// The framing checks pingora leaves to the application (HTTP/1 only: HTTP/2 frames bodies itself).
@@ -252,7 +275,7 @@ impl Edge {
         let method = req.method.as_str();
         let (event, allowed) = match *route {
             Route::QueueJoin(e) => (e, "POST"),
-            Route::QueueStatus(e) | Route::QueuePage(e) => (e, "GET"),
+            Route::QueueStatus(e) | Route::QueuePage(e) | Route::QueueSignin(e) => (e, "GET"),
             _ => return Reply::error(404, "not_found", "no such route"),
         };
         if method != allowed && !(allowed == "GET" && method == "HEAD") {
@@ -271,6 +294,7 @@ impl Edge {
                     ("x-frame-options", "DENY".into()),
                     ("x-content-type-options", "nosniff".into()),
                     ("referrer-policy", "no-referrer".into()),
+                    ("vary", "Accept".into()),
                 ],
                 body: Bytes::from_static(PAGE.as_bytes()),
             };
@@ -282,6 +306,11 @@ impl Edge {
         let cookies = headers(req, &COOKIE);
         match route {
             Route::QueueJoin(_) => self.queue.join(event, authorization, &cookies).await,
+            Route::QueueSignin(_) => self.queue.signin(event, req.uri.query()).await,
+            // The page's URL answers JSON to a client that asks for it: caches key on Accept.
+            Route::QueuePage(_) => {
+                self.queue.status(event, authorization, &cookies).await.header("vary", "Accept".into())
+            }
             _ => self.queue.status(event, authorization, &cookies).await,
         }
     }
@@ -299,14 +328,19 @@ impl Edge {
             Ok(start) => start,
             Err(why) => return Some(invalid(why)),
         };
-        if let Err(refusal) = self.check_ip(session) {
-            return Some(refusal);
-        }
+        let ip = match self.check_ip(session) {
+            Ok(ip) => ip,
+            Err(refusal) => return Some(refusal),
+        };
+        let place = match self.stream_caps.enter(ip, event) {
+            Ok(place) => place,
+            Err(full) => return Some(full.reply()),
+        };
         let store = match self.queue.store.get() {
             Ok(store) => store,
             Err(_) => return Some(Reply::unavailable()),
         };
-        stream::serve(session, &self.feeds, store, event, start).await.err()
+        stream::serve(session, &self.feeds, store, place, start).await.err()
     }
 
     /// The admission check and per-account limit in front of booking, or the refusal. Booking is shown the
@@ -315,7 +349,9 @@ impl Edge {
     fn admit(&self, req: &RequestHeader, fields: &Fields, event: i64) -> Result<Option<String>, Reply> {
         let cookies = if fields.cookie { headers(req, &COOKIE) } else { Vec::new() };
         let authorization = fields.authorization.map(|v| v.as_bytes());
-        let (claims, proof) = match routes::check(&self.keyring, authorization, cookies.iter().copied(), event) {
+        let checked = routes::check(&self.keyring, authorization, cookies.iter().copied(), event)
+            .and_then(|(claims, proof)| self.within_session(&claims, event).map(|()| (claims, proof)));
+        let (claims, proof) = match checked {
             Ok(checked) => checked,
             Err(refusal) if refusal.status == 401 && wants_html(fields) => {
                 // A browser without a valid proof goes to the waiting room, not to an error page.
@@ -331,6 +367,23 @@ impl Edge {
         let as_sent = fields.authorizations == 1
             && authorization.is_some_and(|v| v.strip_prefix(b"Bearer ") == Some(proof.as_bytes()));
         Ok((!as_sent).then(|| proof.to_owned()))
+    }
+
+    /// A proof lasts at most one session of its event's room (and a minute's leeway): one signed to last longer
+    /// (a leaked key, a mistaken mint, an `exp` in the year 3000) is refused, whatever its expiry says. An event
+    /// this node knows no room for has no session to hold it to.
+    fn within_session(&self, claims: &tokens::AdmissionClaims, event: i64) -> Result<(), routes::Refusal> {
+        const LEEWAY_SECONDS: u64 = 60;
+        let Some(room) = self.queue.rooms.get(event) else { return Ok(()) };
+        let session = u64::from(room.live.settings.session_seconds) + LEEWAY_SECONDS;
+        if claims.exp.saturating_sub(claims.iat) > session {
+            return Err(routes::Refusal::new(
+                401,
+                "admission_invalid",
+                "the admission proof lasts longer than its room's session",
+            ));
+        }
+        Ok(())
     }
 
     /// Reads an admitted request's body whole, into the session's retry buffer, which pingora sends booking
@@ -435,7 +488,7 @@ impl Edge {
             Route::Health => Some(Reply::json(200, &serde_json::json!({ "status": "ok" }))),
             Route::Unknown => Some(Reply::error(404, "not_found", "no such route")),
             Route::BadEventId => Some(Reply::error(400, "invalid_path", "event_id must be a positive integer")),
-            Route::QueuePage(_) | Route::QueueJoin(_) | Route::QueueStatus(_) => {
+            Route::QueuePage(_) | Route::QueueJoin(_) | Route::QueueStatus(_) | Route::QueueSignin(_) => {
                 Some(Box::pin(self.queue(session, &route)).await)
             }
             Route::MapStream(event) => {
@@ -448,7 +501,7 @@ impl Edge {
                     Route::Event(event) => self
                         .admit(req, &fields, event)
                         .and_then(|proof| Ok((self.client_ip(session, fields.client_ip)?, Some(proof)))),
-                    _ => self.check_ip(session).map(|ip| (ip, None)),
+                    _ => self.check_ip_n(session, Self::public_read_cost(req)).map(|ip| (ip, None)),
                 };
                 ctx.wants_stream = fields.accepts("text/event-stream");
                 ctx.cookie = fields.cookie;
@@ -487,13 +540,21 @@ impl ProxyHttp for Edge {
     // worth it, and the gateway's own answers are small: no module runs.
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
-    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> pingora::Result<()> {
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<()> {
+        // The head is read whole: its connection's deadline waits until the request is answered.
+        if let Some(clock) = session.as_downstream().stream().and_then(Watched::clock) {
+            clock.request_started();
+            ctx.watched = true;
+        }
         // Requests a client sends before reading the answers are answered in order on the same connection.
         session.set_pipelining_enabled(true);
         // Pingora keeps an HTTP/1.1 connection open for as long as the client likes; bound the idle time.
         if session.get_keepalive() == Some(0) {
             session.set_keepalive(Some(KEEPALIVE_SECONDS));
         }
+        // Pingora waits on a client's window for ever by default: a client that never reads would hold its
+        // connection, and a forwarded answer's connection to booking, as long as it likes.
+        session.set_write_timeout(Some(self.write_timeout));
         Ok(())
     }
 
@@ -595,6 +656,11 @@ impl ProxyHttp for Edge {
     }
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+        if ctx.watched
+            && let Some(clock) = session.as_downstream().stream().and_then(Watched::clock)
+        {
+            clock.request_ended();
+        }
         if let Some(status) = session.response_written().map(|r| r.status.as_u16()) {
             crate::metrics::record_response(ctx.proxied, status);
         }

@@ -12,8 +12,13 @@ use super::reply::Reply;
 use crate::room::{self, Freshness, QueueState, Rooms, Standing};
 use crate::store::{Joined, LazyStore, Stepped};
 
-/// Cookie carrying the platform's account token for browsers (set by the platform's login).
+/// Cookie carrying the platform's account token for browsers (set by the platform's login, `HttpOnly`; or by
+/// the demo sign-in). The gateway never takes an account from a URL: a link that signed its reader in would
+/// sign a victim in as the attacker who made it (login CSRF), who then owns what the victim queues for and buys.
 pub const ACCOUNT_COOKIE: &str = "wr_account";
+
+/// How long a demo sign-in code may wait to be exchanged.
+pub const SIGNIN_CODE_LIFETIME: Duration = Duration::from_secs(300);
 
 /// Cookie carrying an event's queue ticket.
 pub fn ticket_cookie(event: i64) -> String {
@@ -116,6 +121,9 @@ pub struct QueueOptions {
     pub cookie_secure: bool,
     pub admit_burst: Duration,
     pub max_walk: u64,
+    /// `GET /queue/{id}/signin` exchanges demo sign-in codes (made on the admin listener) for the account
+    /// cookie. Off in production: a platform signs its fans in itself.
+    pub dev_signin: bool,
 }
 
 /// The queue endpoints of one proxy service.
@@ -127,6 +135,16 @@ pub struct Queue {
     pub rooms: Arc<Rooms>,
     pub store: LazyStore,
     pub options: QueueOptions,
+}
+
+/// A demo sign-in code: 32 lowercase hex digits (128 random bits).
+pub fn is_signin_code(code: &str) -> bool {
+    code.len() == 32 && code.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A new demo sign-in code.
+pub fn new_signin_code() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 fn rfc3339(unix_seconds: u64) -> String {
@@ -150,6 +168,44 @@ impl Queue {
             unix_now(),
             self.options.ticket_ttl_seconds,
         ))
+    }
+
+    /// `GET /queue/{event}/signin?code=`: the demo sign-in. The code (made by the admin listener for one
+    /// account token, `deploy/stack url`) is good once and for a few minutes; the answer sets the account
+    /// cookie (`HttpOnly`, `SameSite=Lax`, `Secure` unless turned off) and sends the browser to the room.
+    pub async fn signin(&self, event: i64, query: Option<&str>) -> Reply {
+        if !self.options.dev_signin {
+            return Reply::error(404, "not_found", "no such route");
+        }
+        let code = query.into_iter().flat_map(|q| q.split('&')).find_map(|pair| pair.strip_prefix("code="));
+        let Some(code) = code.filter(|c| is_signin_code(c)) else {
+            return Reply::error(400, "invalid_request", "a sign-in link carries `code`, 32 hex digits");
+        };
+        let store = match self.store.get() {
+            Ok(store) => store,
+            Err(_) => return Reply::unavailable(),
+        };
+        let token = match store.take_signin_code(code).await {
+            Ok(Some(token)) => token,
+            Ok(None) => {
+                return Reply::error(401, "signin_code_invalid", "this sign-in link is unknown, used or expired");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "sign-in: Redis did not answer");
+                return Reply::unavailable();
+            }
+        };
+        let claims = match self.accounts.verify_account(&token, &self.options.account_issuer) {
+            Ok(claims) => claims,
+            Err(TokenError::Expired) => return Reply::error(401, "account_expired", "the account token has expired"),
+            Err(e) => return Reply::error(401, "account_invalid", &format!("the account token is not valid: {e}")),
+        };
+        let max_age = claims.exp.saturating_sub(unix_now());
+        Reply { status: 303, headers: Vec::new(), body: bytes::Bytes::new() }
+            .header("location", format!("/queue/{event}"))
+            .header("set-cookie", self.cookie(ACCOUNT_COOKIE, &token, "/queue", max_age))
+            .header("cache-control", "no-store".into())
+            .header("referrer-policy", "no-referrer".into())
     }
 
     /// `POST /queue/{event}/join` with an account token.

@@ -23,6 +23,8 @@ pub enum Route {
     QueueJoin(i64),
     /// `/queue/{id}/status`.
     QueueStatus(i64),
+    /// `/queue/{id}/signin`: the demo sign-in (`GATEWAY_DEV_SIGNIN` only).
+    QueueSignin(i64),
     /// `/events/{x}...` or `/queue/{x}...` where x is not a positive integer.
     BadEventId,
     /// Anything else.
@@ -64,6 +66,7 @@ pub fn route(path: &str) -> Route {
         None => Route::QueuePage(event),
         Some("join") => Route::QueueJoin(event),
         Some("status") => Route::QueueStatus(event),
+        Some("signin") => Route::QueueSignin(event),
         Some(_) => Route::Unknown,
     }
 }
@@ -77,7 +80,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
         Self { status, code, message: message.into() }
     }
 
@@ -139,6 +142,7 @@ mod tests {
         assert_eq!(route("/queue/3/"), Route::Unknown);
         assert_eq!(route("/queue/3/join"), Route::QueueJoin(3));
         assert_eq!(route("/queue/3/status"), Route::QueueStatus(3));
+        assert_eq!(route("/queue/3/signin"), Route::QueueSignin(3));
         assert_eq!(route("/queue/3/other"), Route::Unknown);
         assert_eq!(route("/queue/0/join"), Route::BadEventId);
         assert_eq!(route("/queue/abc"), Route::BadEventId);

@@ -188,6 +188,7 @@ impl GatewayProcess {
             ("--account-rps", "100000".to_owned()),
             ("--account-burst", "100000".to_owned()),
             ("--max-connections-per-ip", "0".to_owned()),
+            ("--streams-per-prefix", "0".to_owned()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
@@ -419,6 +420,9 @@ pub enum WireMode {
     SilentAfter(usize),
     /// Announces 100 bytes of body, sends 10 and closes the connection.
     CutMidBody,
+    /// Answers with a body of this many bytes; a write of it that fails (the gateway closed the connection) is
+    /// counted in [`WireUpstream::broken_off`].
+    Large(usize),
 }
 
 /// An upstream written against the socket, not a framework: it records every request exactly as the gateway
@@ -426,6 +430,7 @@ pub enum WireMode {
 pub struct WireUpstream {
     pub addr: SocketAddr,
     pub requests: Arc<std::sync::Mutex<Vec<WireRequest>>>,
+    broken_off: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -434,14 +439,20 @@ impl WireUpstream {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
         let addr = listener.local_addr().expect("addr");
         let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let seen = requests.clone();
+        let broken_off = Arc::new(AtomicUsize::new(0));
+        let (seen, broken) = (requests.clone(), broken_off.clone());
         let task = tokio::spawn(async move {
             for connection in 0.. {
                 let Ok((socket, _)) = listener.accept().await else { return };
-                tokio::spawn(serve_wire(socket, connection, mode, seen.clone()));
+                tokio::spawn(serve_wire(socket, connection, mode, seen.clone(), broken.clone()));
             }
         });
-        Self { addr, requests, task }
+        Self { addr, requests, broken_off, task }
+    }
+
+    /// Answers whose writing failed because the gateway closed the connection ([`WireMode::Large`]).
+    pub fn broken_off(&self) -> usize {
+        self.broken_off.load(Ordering::SeqCst)
     }
 
     pub fn requests(&self) -> Vec<WireRequest> {
@@ -460,6 +471,7 @@ async fn serve_wire(
     connection: usize,
     mode: WireMode,
     seen: Arc<std::sync::Mutex<Vec<WireRequest>>>,
+    broken_off: Arc<AtomicUsize>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = Vec::new();
@@ -502,6 +514,22 @@ async fn serve_wire(
             return;
         }
         answered += 1;
+        if let WireMode::Large(bytes) = mode {
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {bytes}\r\n\r\n");
+            let piece = vec![b' '; 64 * 1024];
+            let mut written = socket.write_all(head.as_bytes()).await;
+            let mut left = bytes;
+            while written.is_ok() && left > 0 {
+                let n = left.min(piece.len());
+                written = socket.write_all(&piece[..n]).await;
+                left -= n;
+            }
+            if written.is_err() {
+                broken_off.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            continue;
+        }
         if mode == WireMode::CutMidBody {
             let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"partial\"").await;
             return;

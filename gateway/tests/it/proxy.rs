@@ -437,6 +437,19 @@ async fn requests_a_smuggler_sends_are_refused_the_connection_closed_and_none_re
         ("an empty chunk-size line", post("1.1", &chunked, "\r\n2\r\n{}\r\n0\r\n\r\n"), 400, true),
         ("64 KiB of trailer fields", post("1.1", &chunked, &format!("2\r\n{{}}\r\n{trailers}")), 400, true),
         ("a chunk of 2^64-1 bytes", post("1.1", &chunked, "ffffffffffffffff\r\nabc"), 413, true),
+        // A proxy in front that does not read a bare LF as a line end sees one field where the gateway sees two.
+        (
+            "a field line ending in a bare LF",
+            post("1.1", &format!("{host}x-a: 1\ncontent-length: 2\r\n"), "{}"),
+            400,
+            true,
+        ),
+        (
+            "a request line ending in a bare LF",
+            format!("GET /events/1 HTTP/1.1\n{host}authorization: {auth}\r\n\r\n"),
+            400,
+            true,
+        ),
     ];
     let mut failures = Vec::new();
     for (name, request, status, json) in &cases {
@@ -621,4 +634,121 @@ async fn booking_is_shown_exactly_the_proof_the_gateway_checked() {
     );
     assert_eq!((seen[1].header("authorization"), seen[1].header("cookie")), (Some(b_bearer.as_str()), Some("lang=fr")));
     assert!(seen.iter().all(|r| !r.head.contains("wr_admission")), "{seen:?}");
+}
+
+/// The attack: three `GET /events/{id}/seats` (4.2 MB each) from a client with a tiny receive window that never
+/// reads stayed open past 95 s, each pinning a connection to booking. A write to the client that makes no
+/// progress for the write timeout now ends both connections.
+#[tokio::test]
+async fn a_client_that_never_reads_a_forwarded_answer_loses_it_and_frees_booking_s_connection() {
+    use tokio::io::AsyncWriteExt;
+    const BODY: usize = 64 << 20;
+    let upstream = WireUpstream::start(WireMode::Large(BODY)).await;
+    let node = Node::new(upstream.addr, &prefix()).arg("--client-write-timeout-ms", 500);
+    let gw = GatewayProcess::start(node).await;
+    let addr: std::net::SocketAddr = gw.base.trim_start_matches("http://").parse().expect("addr");
+    let clients = join_all((0..3).map(|_| async {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("a small receive window");
+        let mut socket = socket.connect(addr).await.expect("connect");
+        let get = format!("GET /events/1/seats HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\n\r\n", bearer(1));
+        socket.write_all(get.as_bytes()).await.expect("request");
+        socket
+    }))
+    .await;
+    let freed = testkit::eventually(Duration::from_secs(30), async || upstream.broken_off() == 3);
+    assert!(freed.await, "booking's connections were let go: {} of 3", upstream.broken_off());
+    assert_eq!(upstream.requests().len(), 3);
+    // The clients' connections are closed too: reading on, each finds the end short of the whole answer.
+    for mut socket in clients {
+        use tokio::io::AsyncReadExt;
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 64 * 1024];
+        let read = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Ok(n) = socket.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+        });
+        assert!(read.await.is_ok(), "the gateway closed the client's connection");
+        assert!(got < BODY, "the answer was cut short: {got} bytes");
+    }
+}
+
+/// The attack: a proof signed with the right key and an `exp` in the year 3000 was accepted. A proof now lasts at
+/// most its room's session (and a minute's leeway), whatever its expiry says.
+#[tokio::test]
+async fn a_proof_that_outlives_its_room_s_session_is_refused() {
+    let upstream = Upstream::start().await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let event = 31;
+    gw.configure(event, serde_json::json!({ "state": "open", "session_seconds": 600 })).await;
+    gw.wait_for_room(event).await;
+    let now = unix_now();
+    let forever = proof(KEYS, event, now, 30_000_000_000 - now);
+    let reply = gw.get(&format!("/events/{event}"), &[("authorization", &format!("Bearer {forever}"))]).await;
+    assert_eq!((reply.status, reply.code()), (401, "admission_invalid"), "{}", reply.text);
+    let long = proof(KEYS, event, now, 600 + 61);
+    let reply = gw.get(&format!("/events/{event}"), &[("authorization", &format!("Bearer {long}"))]).await;
+    assert_eq!((reply.status, reply.code()), (401, "admission_invalid"), "{}", reply.text);
+    assert_eq!(upstream.hits(), 0, "neither reached booking");
+    let session = proof(KEYS, event, now, 600);
+    let reply = gw.get(&format!("/events/{event}"), &[("authorization", &format!("Bearer {session}"))]).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+}
+
+/// The attack: a head sent one byte every 5 s kept its connection open past 75 s (booking, the admin listener
+/// and the provider close at 20 s). A head must now be in within the head deadline; a request already read is
+/// served however long it takes, and the connection then carries the next.
+#[tokio::test]
+async fn a_head_sent_a_byte_at_a_time_is_cut_off_but_an_idle_kept_connection_and_a_slow_answer_are_not() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = WireUpstream::start(WireMode::SilentAfter(0)).await;
+    let node = Node::new(upstream.addr, &prefix()).arg("--head-timeout-seconds", 2).arg("--upstream-timeout-ms", 3000);
+    let gw = GatewayProcess::start(node).await;
+    let addr = gw.base.trim_start_matches("http://").to_owned();
+    // A byte every 200 ms for up to 20 s (ten times the deadline); and a connection that never says anything.
+    let trickle = async {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        let head = format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\nx-slow: {}", "a".repeat(100));
+        let mut buf = [0u8; 256];
+        for (sent, byte) in head.bytes().enumerate() {
+            if socket.write_all(&[byte]).await.is_err() {
+                return Some(sent);
+            }
+            match tokio::time::timeout(Duration::from_millis(200), socket.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => return Some(sent),
+                Ok(Ok(n)) => {
+                    panic!("the gateway answered a head it never got: {:?}", String::from_utf8_lossy(&buf[..n]))
+                }
+                Err(_) => {}
+            }
+        }
+        None
+    };
+    let silent = async {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        let mut buf = [0u8; 64];
+        matches!(tokio::time::timeout(Duration::from_secs(20), socket.read(&mut buf)).await, Ok(Ok(0) | Err(_)))
+    };
+    let (cut, closed) = tokio::join!(trickle, silent);
+    assert!(cut.is_some(), "the trickled head was cut off before it was whole");
+    assert!(closed, "a connection that sends nothing is closed at the deadline");
+    // A kept connection idle for longer than the head deadline (within the keep-alive time) serves the next.
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let health = format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\n\r\n");
+    for round in 0..2 {
+        let answer = raw_exchange(&mut socket, health.as_bytes(), |a| a.ends_with(b"}")).await;
+        assert!(answer.starts_with(b"HTTP/1.1 200 "), "round {round}: {}", String::from_utf8_lossy(&answer));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    // Booking takes longer than the head deadline to (not) answer: the request is in flight, so the client gets
+    // its 503.
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let get = format!("GET /events/1 HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\n\r\n", bearer(1));
+    let answer = raw_exchange(&mut socket, get.as_bytes(), |a| a.ends_with(b"}")).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 503 ") && text.contains("booking_unavailable"), "{text}");
 }

@@ -403,6 +403,10 @@ async fn bad_tokens_and_tickets_get_clear_refusals() {
         )
         .await;
     assert_eq!((as_json.status, as_json.body["state"].as_str()), (200, Some("paused")), "{}", as_json.text);
+    // One URL, two answers by Accept: a CDN must key on it, or it hands the cached page to a JSON client (or
+    // the JSON to a browser).
+    assert_eq!((page.header("vary"), as_json.header("vary")), (Some("Accept"), Some("Accept")));
+    assert_eq!(as_json.header("cache-control"), Some("no-store"));
     assert_eq!(upstream.hits(), 0);
     upstream.stop().await;
 }
@@ -642,4 +646,58 @@ async fn a_room_redis_lost_is_restored_from_the_nodes_view_and_takes_fans_again(
         room.text
     );
     upstream.stop().await;
+}
+
+/// The attack: the page took the account from its URL's fragment, so a link made by an attacker signed its
+/// victim in as the attacker, who then owned whatever the victim queued for and paid. No URL signs anyone in
+/// now: a platform sets the account cookie, and the demo's one-time code is exchanged for an `HttpOnly` one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_link_signs_a_browser_in_and_a_demo_sign_in_code_works_once_into_an_http_only_cookie() {
+    let upstream = Upstream::start().await;
+    let event = 120;
+    let off = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let page = off.get(&format!("/queue/{event}"), &[("accept", "text/html")]).await;
+    assert_eq!(page.status, 200);
+    assert!(!page.text.contains("location.hash") && !page.text.contains("document.cookie"), "the page reads no URL");
+    let code = "0123456789abcdef0123456789abcdef";
+    let refused = off.get(&format!("/queue/{event}/signin?code={code}"), &[]).await;
+    assert_eq!((refused.status, refused.code()), (404, "not_found"), "no demo sign-in unless it is turned on");
+
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix()).arg("--dev-signin", "true")).await;
+    gw.configure(event, json!({ "state": "open" })).await;
+    gw.wait_for_room(event).await;
+    let mint = |token: Option<&str>| {
+        let req = gw.client.post(format!("{}/admin/signin-codes", gw.admin));
+        let req = match token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        };
+        gw.send(req.json(&json!({ "account_token": account_token("fan-1") })))
+    };
+    assert_eq!(mint(None).await.status, 401, "only an operator makes codes");
+    let minted = mint(Some(ADMIN_TOKEN)).await;
+    assert_eq!(minted.status, 201, "{}", minted.text);
+    let code = minted.body["code"].as_str().expect("a code").to_owned();
+    let signin = gw.get(&format!("/queue/{event}/signin?code={code}"), &[]).await;
+    assert_eq!((signin.status, signin.header("location")), (303, Some(format!("/queue/{event}").as_str())));
+    let cookie = signin.header("set-cookie").unwrap_or_default().to_owned();
+    assert!(cookie.starts_with("wr_account="), "{cookie}");
+    for attribute in ["; HttpOnly", "; SameSite=Lax", "; Secure", "; Path=/queue"] {
+        assert!(cookie.contains(attribute), "{attribute} in {cookie}");
+    }
+    assert_eq!(signin.header("cache-control"), Some("no-store"));
+    // The cookie is the account's: it joins.
+    let pair = cookie.split(';').next().unwrap_or_default().to_owned();
+    let join = gw.send(gw.client.post(format!("{}/queue/{event}/join", gw.base)).header("cookie", pair)).await;
+    assert_eq!((join.status, join.body["state"].as_str()), (200, Some("admitted")), "{}", join.text);
+    // Once only, and nothing made up or malformed passes.
+    let again = gw.get(&format!("/queue/{event}/signin?code={code}"), &[]).await;
+    assert_eq!((again.status, again.code()), (401, "signin_code_invalid"));
+    let made_up = gw.get(&format!("/queue/{event}/signin?code={}", "f".repeat(32)), &[]).await;
+    assert_eq!((made_up.status, made_up.code()), (401, "signin_code_invalid"));
+    for bad in ["", "?code=", "?code=XYZ", "?code=0123456789ABCDEF0123456789ABCDEF"] {
+        let reply = gw.get(&format!("/queue/{event}/signin{bad}"), &[]).await;
+        assert_eq!((reply.status, reply.code()), (400, "invalid_request"), "{bad:?}");
+    }
+    assert_eq!(upstream.hits(), 0);
 }

@@ -235,6 +235,105 @@ async fn resuming_with_last_event_id_or_since_loses_nothing_and_a_stream_too_far
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_replay_of_a_long_log_is_one_bounded_read_then_a_resync_never_the_whole_log() {
+    // The attack: `?since=0` on a sale's log of 50,000 entries was answered with every one of them (4.6 MB,
+    // built whole in memory, 50 reads of Redis). A replay now takes at most one read of a bounded length.
+    const BOUND: u64 = gateway::edge::stream::CATCH_UP_ENTRIES;
+    let prefix = prefix();
+    let (gw, _upstream) = gateway(&prefix).await;
+    let first = publish(&prefix, &["1:h"]).await;
+    let mut last = first;
+    for seat in 0..BOUND + 40 {
+        last = publish(&prefix, &[&format!("{}:h", 2 + seat)]).await;
+    }
+    let reads = catch_ups(&gw).await;
+    for (query, header) in [("?since=0", None), ("", Some(first))] {
+        let mut sub = Subscriber::open(&gw, query, header).await;
+        let sse = sub.next().await.expect("an event");
+        assert_eq!((sse.event.as_str(), sse.data["reason"].as_str()), ("resync", Some("too_far_behind")), "{query}");
+        assert_eq!(sse.data["status"], format!("/events/{EVENT}/seats/status"));
+        assert!(sub.next().await.is_none(), "the stream ends after a resync");
+        assert!(sub.pending.len() < 256, "nothing else was sent");
+    }
+    // Further back than the bound is known without reading the log; from 0 only a read tells, and it is one.
+    assert_eq!(catch_ups(&gw).await - reads, 1, "one bounded read in all");
+    // Within the bound: the whole gap in one delta, and the stream goes on.
+    let mut sub = Subscriber::open(&gw, "", Some(last - BOUND)).await;
+    let (changes, spans) = sub.until(last).await;
+    assert_eq!(spans, vec![(last - BOUND + 1, last)]);
+    assert_eq!(changes.len() as u64, BOUND);
+    let next = publish(&prefix, &["1:s"]).await;
+    assert_eq!(sub.until(next).await.0, vec![(1, "s".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_capped_per_address_prefix_per_event_and_per_node_and_end_after_their_lifetime() {
+    // The attack: four addresses opened 1,000 streams in 5.5 s, and nothing but the per-IP connection cap stood
+    // between about 80 addresses and the node's open files. Behind a trusted proxy, each fan's own address counts.
+    const OTHER: i64 = EVENT + 1;
+    let prefix = prefix();
+    let upstream = Upstream::start().await;
+    let node = Node::new(upstream.addr, &prefix)
+        .arg("--trusted-proxies", "127.0.0.1/32")
+        .arg("--streams-per-prefix", 2)
+        .arg("--streams-per-event", 3)
+        .arg("--streams-max", 6)
+        .arg("--stream-lifetime-seconds", 4);
+    let gw = GatewayProcess::start(node).await;
+    for event in [EVENT, OTHER] {
+        gw.configure(event, json!({ "state": "open" })).await;
+        gw.wait_for_room(event).await;
+    }
+    let version = publish(&prefix, &["1:h"]).await;
+    let open = |event: i64, ip: &'static str| {
+        let req = gw.client.get(format!("{}/events/{event}/seats/stream", gw.base));
+        req.header("accept", "text/event-stream").header("x-forwarded-for", ip).send()
+    };
+    let refused = async |res: reqwest::Response| {
+        let status = res.status().as_u16();
+        let retry = res.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let body: Value = res.json().await.expect("a JSON refusal");
+        (status, body["error"].as_str().unwrap_or_default().to_owned(), retry.is_some_and(|s| s > 0))
+    };
+    // Two from one address; its third is its own fault. 2001:db8:0:1::/64, :2:: and :3:: share a /56.
+    let mut held = join_all([open(EVENT, "10.0.0.1"), open(EVENT, "10.0.0.1")]).await;
+    let third = open(EVENT, "10.0.0.1").await.expect("answered");
+    assert_eq!(refused(third).await, (429, "too_many_streams".to_owned(), true));
+    held.push(open(OTHER, "2001:db8:0:1::1").await);
+    let v6 = open(OTHER, "2001:db8:0:2::1").await.expect("answered");
+    assert_eq!(v6.status(), 200, "the /56's second");
+    held.push(Ok(v6));
+    let v6 = open(OTHER, "2001:db8:0:3::1").await.expect("answered");
+    assert_eq!(refused(v6).await, (429, "too_many_streams".to_owned(), true), "the /56's third");
+    // The event's third stream, then the event is full; the node's sixth, then the node is full.
+    held.push(open(EVENT, "10.0.0.2").await);
+    let full = open(EVENT, "10.0.0.3").await.expect("answered");
+    assert_eq!(refused(full).await, (503, "streams_full".to_owned(), true), "the event's cap");
+    held.push(open(OTHER, "10.0.0.4").await);
+    let full = open(OTHER, "10.0.0.5").await.expect("answered");
+    assert_eq!(refused(full).await, (503, "streams_full".to_owned(), true), "the node's cap");
+    let mut held: Vec<reqwest::Response> = held.into_iter().map(|r| r.expect("opened")).collect();
+    assert!(held.iter().all(|r| r.status() == 200), "{:?}", held.iter().map(|r| r.status()).collect::<Vec<_>>());
+    // A stream that ends frees its place at once.
+    held.remove(0);
+    let again = testkit::eventually(Duration::from_secs(5), async || {
+        open(EVENT, "10.0.0.6").await.is_ok_and(|r| r.status() == 200)
+    });
+    assert!(again.await, "a freed place is taken again");
+    // Every stream ends by itself within its lifetime (less a random tenth), cleanly: its client resumes.
+    let ended = join_all(held.iter_mut().map(|res| async move {
+        tokio::time::timeout(Duration::from_secs(20), async { while let Ok(Some(_)) = res.chunk().await {} })
+            .await
+            .is_ok()
+    }))
+    .await;
+    assert!(ended.iter().all(|e| *e), "every stream ended within its lifetime: {ended:?}");
+    let mut sub = Subscriber::open(&gw, "", Some(version)).await;
+    let next = publish(&prefix, &["2:h"]).await;
+    assert_eq!(sub.until(next).await.0, vec![(2, "h".to_owned())], "a resumed stream goes on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_logged_while_the_first_stream_of_an_event_opens_reaches_it() {
     // The first subscriber starts the event's reader; a change logged as soon as the stream has begun must come
     // through, although the reader may still be connecting (on a cluster it connects to every node).
@@ -357,14 +456,35 @@ async fn the_public_map_and_the_stream_are_under_the_per_ip_limit() {
     gw.configure(EVENT, json!({ "state": "open" })).await;
     gw.wait_for_room(EVENT).await;
     // A burst of two, then one a second: the third and fourth requests in a row are refused, whatever they ask.
+    // (A layout sent uncompressed costs more: see below.)
     for path in [format!("/events/{EVENT}/seats/status"), format!("/events/{EVENT}/seats/layout/1")] {
-        assert_eq!(gw.get(&path, &[]).await.status, 200, "{path}");
+        assert_eq!(gw.get(&path, &[("accept-encoding", "gzip")]).await.status, 200, "{path}");
     }
     for path in [format!("/events/{EVENT}/seats/stream"), format!("/events/{EVENT}/seats/status")] {
         let reply = gw.get(&path, &[]).await;
         assert_eq!((reply.status, reply.code()), (429, "rate_limited"), "{path}");
         assert!(reply.header("retry-after").is_some());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_sent_uncompressed_costs_its_address_twenty_requests_of_its_budget() {
+    // The attack: without a CDN in front, one address drew a 1.1 MB uncompressed layout fifty times a second.
+    let prefix = prefix();
+    let upstream = Upstream::start().await;
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &prefix).arg("--ip-rps", 1).arg("--ip-burst", 40)).await;
+    gw.configure(EVENT, json!({ "state": "open" })).await;
+    gw.wait_for_room(EVENT).await;
+    let layout = format!("/events/{EVENT}/seats/layout/1");
+    for _ in 0..5 {
+        assert_eq!(gw.get(&layout, &[("accept-encoding", "gzip, br")]).await.status, 200, "compressed: one each");
+    }
+    assert_eq!(gw.get(&layout, &[]).await.status, 200, "uncompressed: twenty");
+    let refused = gw.get(&layout, &[("accept-encoding", "identity")]).await;
+    assert_eq!((refused.status, refused.code()), (429, "rate_limited"), "fifteen left, twenty asked");
+    assert!(refused.header("retry-after").is_some());
+    assert_eq!(gw.get(&layout, &[("accept-encoding", "GZIP")]).await.status, 200, "a compressed one still fits");
+    assert_eq!(gw.get(&format!("/events/{EVENT}/seats/status"), &[]).await.status, 200, "the status costs one");
 }
 
 /// KiB of resident memory of a process.
