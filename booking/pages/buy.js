@@ -557,7 +557,9 @@
       return;
     }
     const back = `${location.origin}${location.pathname}#order=${id}`;
-    location.assign(`${data.checkout_url}?return=${encodeURIComponent(back)}`);
+    const checkout = new URL(data.checkout_url);
+    checkout.searchParams.set('return', back);
+    location.assign(checkout.toString());
   });
 
   $('again').addEventListener('click', () => {

@@ -36,6 +36,10 @@ struct Args {
     /// always pays would (for tools that drive booking's API with nobody to press Pay). Off unless given.
     #[arg(long, env = "PROVIDER_AUTO_SETTLE_MS")]
     auto_settle_ms: Option<u64>,
+    /// Origins (`scheme://host[:port]`, comma-separated) the checkout page may send the buyer back to with
+    /// `?return=`; any other return URL is ignored, so the page is no open redirect.
+    #[arg(long, env = "PROVIDER_RETURN_ORIGINS", value_delimiter = ',', num_args = 0..)]
+    return_origins: Vec<String>,
 }
 
 fn secret(raw: &str) -> Result<SecretString, String> {
@@ -54,12 +58,13 @@ async fn main() -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "fake payment provider listening");
-    let app = booking::provider::router_settling(
-        args.webhook_secret.expose_secret().as_bytes(),
-        &args.webhook_url,
-        args.delivery_attempts,
-        args.auto_settle_ms.map(std::time::Duration::from_millis),
-    );
+    let options = booking::provider::Options {
+        attempts: args.delivery_attempts,
+        auto_settle: args.auto_settle_ms.map(std::time::Duration::from_millis),
+        return_origins: args.return_origins,
+    };
+    let app =
+        booking::provider::router_with(args.webhook_secret.expose_secret().as_bytes(), &args.webhook_url, options);
     serving::serve(listener, app, serving::Deadlines::default(), booking::shutdown_signal()).await?;
     Ok(())
 }

@@ -152,14 +152,22 @@ pub async fn start_payment(
         err.retry_after_seconds = Some(2);
         err
     })?;
-    let payment_id =
-        lifecycle::attach_payment(&state.pool, order.id, &payment.payment_id).await?.unwrap_or(payment.payment_id);
+    let payment_id = lifecycle::attach_payment(&state.pool, order.id, &payment.payment_id)
+        .await?
+        .unwrap_or_else(|| payment.payment_id.clone());
+    if payment_id != payment.payment_id {
+        // The provider keeps one payment per order: it answered with another than the one attached.
+        tracing::warn!(order = %order.id, attached = %payment_id, answered = %payment.payment_id, "payment ids differ");
+        return Err(ApiError::from(crate::store::StoreError::Unexpected(
+            "the provider answered another payment".into(),
+        )));
+    }
     Ok((
         StatusCode::CREATED,
         Json(PaymentView {
             order_id: order.id.0,
-            pay_url: state.payments.provider.pay_url(&payment_id),
-            checkout_url: state.payments.provider.checkout_url(&payment_id),
+            pay_url: state.payments.provider.pay_url(&payment),
+            checkout_url: state.payments.provider.checkout_url(&payment),
             payment_id,
             amount_cents: order.total_cents,
             currency: order.currency.clone(),

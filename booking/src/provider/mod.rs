@@ -2,9 +2,12 @@
 //! the fan "pays" (`POST /v1/payments/{id}/complete`), and the provider calls booking back with a signed
 //! webhook, retrying on failure like a real one. Payments live in memory; the `payments` binary serves it.
 //!
-//! Like a real provider, it creates payments only for its account holder: booking authenticates with the
-//! account's secret (the one that also signs webhooks), and the provider calls back only the account's webhook
-//! URL. A payment's id is the capability to pay it, as a hosted checkout's URL is.
+//! Like a real provider, it serves its account holder only: booking authenticates with the account's secret
+//! (the one that also signs webhooks) to create, read and redeliver payments, and the provider calls back only
+//! the account's webhook URL. Paying takes the payment's own token, which only booking is given, in the URLs it
+//! hands the fan (a payment's id alone, which the fan's order shows, pays nothing). The checkout page sends the
+//! buyer back only to an origin the account named (`PROVIDER_RETURN_ORIGINS`), runs no inline script and is
+//! never framed.
 //!
 //! Also the client booking uses to talk to it ([`Client`]).
 
@@ -14,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -32,6 +35,10 @@ pub struct Payment {
     pub currency: String,
     /// `pending`, `succeeded` or `failed`.
     pub status: String,
+    /// The capability to pay it (in the `pay_url` and `checkout_url` booking hands the fan); only the account
+    /// holder is shown it.
+    #[serde(default)]
+    pub pay_token: String,
     #[serde(skip_serializing, default)]
     pub webhook_url: String,
 }
@@ -84,25 +91,38 @@ struct Provider {
     http: reqwest::Client,
     attempts: u32,
     auto_settle: Option<Duration>,
+    /// Origins (`scheme://host[:port]`) the checkout page may send the buyer back to.
+    return_origins: Arc<[String]>,
+}
+
+/// How the provider runs, beyond its account's secret and webhook URL.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Deliveries of one event at most.
+    pub attempts: u32,
+    /// Settle every new payment as succeeded this long after it is created (a test card that always pays).
+    pub auto_settle: Option<Duration>,
+    /// Origins the checkout page may send the buyer back to (`?return=`); any other is ignored.
+    pub return_origins: Vec<String>,
 }
 
 /// The provider's routes. `secret` authenticates booking and signs webhooks, which go to `webhook_url` only;
 /// `attempts` bounds deliveries of one event.
 pub fn router(secret: &[u8], webhook_url: &str, attempts: u32) -> Router {
-    router_settling(secret, webhook_url, attempts, None)
+    router_with(secret, webhook_url, Options { attempts, ..Options::default() })
 }
 
-/// [`router`], and with `auto_settle` every new payment succeeds that long after it is created, as with a test
-/// card that always pays: for tools that drive booking's API alone, with nobody to press Pay.
-pub fn router_settling(secret: &[u8], webhook_url: &str, attempts: u32, auto_settle: Option<Duration>) -> Router {
+/// [`router`] with every option.
+pub fn router_with(secret: &[u8], webhook_url: &str, options: Options) -> Router {
     let provider = Provider {
         payments: Arc::default(),
         events: Arc::default(),
         secret: secret.into(),
         webhook_url: webhook_url.into(),
         http: reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap_or_default(),
-        attempts: attempts.max(1),
-        auto_settle,
+        attempts: options.attempts.max(1),
+        auto_settle: options.auto_settle,
+        return_origins: options.return_origins.into(),
     };
     Router::new()
         .route("/v1/payments", post(create))
@@ -110,8 +130,39 @@ pub fn router_settling(secret: &[u8], webhook_url: &str, attempts: u32, auto_set
         .route("/v1/payments/{id}/complete", post(complete))
         .route("/v1/payments/{id}/checkout", get(checkout_page))
         .route("/v1/payments/{id}/redeliver", post(redeliver))
+        .route("/v1/checkout.js", get(|| async { asset("text/javascript", CHECKOUT_SCRIPT) }))
+        .route("/v1/checkout.css", get(|| async { asset("text/css", CHECKOUT_STYLE) }))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .with_state(provider)
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "public, max-age=300")], body).into_response()
+}
+
+/// Whether the request carries the account's secret.
+fn account(p: &Provider, headers: &HeaderMap) -> bool {
+    crate::bearer_is(headers.get(header::AUTHORIZATION), &p.secret)
+}
+
+fn unauthenticated() -> Response {
+    refuse(StatusCode::UNAUTHORIZED, "unauthenticated", "this needs the account's secret")
+}
+
+/// The payment `id`, if `token` is its pay token (compared in constant time; a wrong one is as unknown).
+fn payable(p: &Provider, id: &str, token: Option<&str>) -> Option<Payment> {
+    let payments = p.payments.lock().unwrap_or_else(|e| e.into_inner());
+    let pay = payments.get(id)?;
+    let (given, expected) = (token.unwrap_or_default().as_bytes(), pay.pay_token.as_bytes());
+    let same = given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+    same.then(|| pay.clone())
+}
+
+#[derive(Debug, Deserialize)]
+struct PayQuery {
+    token: Option<String>,
+    #[serde(rename = "return")]
+    back: Option<String>,
 }
 
 fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
@@ -120,8 +171,8 @@ fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
 
 /// Creates the order's payment, or returns the one it has (one payment per order).
 async fn create(State(p): State<Provider>, headers: HeaderMap, Json(new): Json<NewPayment>) -> Response {
-    if !crate::bearer_is(headers.get(header::AUTHORIZATION), &p.secret) {
-        return refuse(StatusCode::UNAUTHORIZED, "unauthenticated", "creating a payment needs the account's secret");
+    if !account(&p, &headers) {
+        return unauthenticated();
     }
     if new.amount_cents < 0 || new.currency.len() != 3 {
         return refuse(StatusCode::UNPROCESSABLE_ENTITY, "invalid_payment", "amount or currency is invalid");
@@ -143,6 +194,7 @@ async fn create(State(p): State<Provider>, headers: HeaderMap, Json(new): Json<N
         amount_cents: new.amount_cents,
         currency: new.currency,
         status: "pending".into(),
+        pay_token: Uuid::new_v4().simple().to_string(),
         webhook_url: new.webhook_url,
     };
     payments.insert(payment.payment_id.clone(), payment.clone());
@@ -156,44 +208,81 @@ async fn create(State(p): State<Provider>, headers: HeaderMap, Json(new): Json<N
     (StatusCode::CREATED, Json(payment)).into_response()
 }
 
-async fn show(State(p): State<Provider>, Path(id): Path<String>) -> Response {
+async fn show(State(p): State<Provider>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if !account(&p, &headers) {
+        return unauthenticated();
+    }
     match p.payments.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
         Some(pay) => Json(pay.clone()).into_response(),
         None => refuse(StatusCode::NOT_FOUND, "unknown_payment", "no such payment"),
     }
 }
 
-/// The page where a person pays: the amount, Pay and Decline. Either settles the payment (`complete`) and then
-/// goes to `?return=` (an absolute http(s) URL), as a provider's hosted checkout sends the buyer back to the shop.
-async fn checkout_page(State(p): State<Provider>, Path(id): Path<String>) -> Response {
-    let Some(pay) = p.payments.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned() else {
+/// The page where a person pays (`?token=`, the payment's pay token): the amount, Pay and Decline. Either settles
+/// the payment (`complete`) and then goes to `?return=` when its origin is one the account named, as a
+/// provider's hosted checkout sends the buyer back to the shop; any other is ignored (no open redirect).
+async fn checkout_page(State(p): State<Provider>, Path(id): Path<String>, Query(q): Query<PayQuery>) -> Response {
+    let Some(pay) = payable(&p, &id, q.token.as_deref()) else {
         return refuse(StatusCode::NOT_FOUND, "unknown_payment", "no such payment");
     };
     let amount = format!("{}.{:02} {}", pay.amount_cents / 100, pay.amount_cents % 100, pay.currency);
     // Every value put in the page is made of ASCII letters, digits, '_', '.', '-' and ' ' (ids the provider
-    // made, an amount, a currency booking checked), so none needs escaping.
+    // made, an amount, a currency booking checked), so none needs escaping; the return URL is escaped.
     let safe = |v: &str| v.chars().all(|c| c.is_ascii_alphanumeric() || "_.- ".contains(c));
     if !safe(&pay.payment_id) || !safe(&amount) {
-        return refuse(StatusCode::INTERNAL_SERVER_ERROR, "unprintable_payment", "this payment cannot be shown");
+        return refuse(StatusCode::UNPROCESSABLE_ENTITY, "unprintable_payment", "this payment cannot be shown");
     }
+    let back = q.back.filter(|url| returns_to(&p.return_origins, url)).unwrap_or_default();
     let page = CHECKOUT_PAGE
         .replace("{amount}", &amount)
         .replace("{payment_id}", &pay.payment_id)
-        .replace("{status}", &pay.status);
-    let mut res = axum::response::Html(page).into_response();
-    res.headers_mut().insert(
-        axum::http::header::CONTENT_SECURITY_POLICY,
-        axum::http::HeaderValue::from_static(
-            "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'",
+        .replace("{status}", &pay.status)
+        .replace("{return}", &html_attribute(&back));
+    let headers = [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; base-uri 'none'; \
+             form-action 'none'; frame-ancestors 'none'",
         ),
-    );
-    res
+        (header::X_FRAME_OPTIONS, "DENY"),
+        // The page's URL carries the pay token: no page it leads to is told it.
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+    ];
+    (headers, axum::response::Html(page)).into_response()
+}
+
+/// Whether `url` is an absolute http(s) URL on one of `origins`.
+fn returns_to(origins: &[String], url: &str) -> bool {
+    let Some((scheme, rest)) = url.split_once("://") else { return false };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let origin = format!("{scheme}://{authority}");
+    matches!(scheme, "http" | "https")
+        && !authority.is_empty()
+        && !authority.contains(['@', '\\'])
+        && origins.iter().any(|o| o.trim_end_matches('/').eq_ignore_ascii_case(&origin))
+}
+
+/// `value` escaped for a double-quoted HTML attribute.
+fn html_attribute(value: &str) -> String {
+    value.replace('&', "&amp;").replace('"', "&quot;").replace('<', "&lt;").replace('>', "&gt;").replace('\'', "&#39;")
 }
 
 const CHECKOUT_PAGE: &str = include_str!("checkout.html");
+const CHECKOUT_SCRIPT: &str = include_str!("checkout.js");
+const CHECKOUT_STYLE: &str = include_str!("checkout.css");
 
-/// The fan's card page, reduced to its outcome: settles the payment and delivers the signed event.
-async fn complete(State(p): State<Provider>, Path(id): Path<String>, Json(c): Json<Complete>) -> Response {
+/// The fan's card page, reduced to its outcome (`?token=`, the payment's pay token): settles the payment and
+/// delivers the signed event.
+async fn complete(
+    State(p): State<Provider>,
+    Path(id): Path<String>,
+    Query(q): Query<PayQuery>,
+    Json(c): Json<Complete>,
+) -> Response {
+    if payable(&p, &id, q.token.as_deref()).is_none() {
+        return refuse(StatusCode::NOT_FOUND, "unknown_payment", "no such payment");
+    }
     if c.outcome != "succeeded" && c.outcome != "failed" {
         return refuse(StatusCode::UNPROCESSABLE_ENTITY, "invalid_outcome", "outcome is `succeeded` or `failed`");
     }
@@ -225,8 +314,11 @@ async fn settle(p: &Provider, id: &str, outcome: &str) -> Response {
     deliver(p, &payment.webhook_url, &event).await
 }
 
-/// Sends the payment's last event again, with the same id.
-async fn redeliver(State(p): State<Provider>, Path(id): Path<String>) -> Response {
+/// Sends the payment's last event again, with the same id (the account holder asks).
+async fn redeliver(State(p): State<Provider>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if !account(&p, &headers) {
+        return unauthenticated();
+    }
     let found = {
         let events = p.events.lock().unwrap_or_else(|e| e.into_inner());
         let payments = p.payments.lock().unwrap_or_else(|e| e.into_inner());
@@ -325,7 +417,11 @@ impl Client {
 
     /// A payment as the provider has it now.
     pub async fn payment(&self, payment_id: &str) -> Result<Payment, ProviderError> {
-        let res = self.http.get(format!("{}/v1/payments/{payment_id}", self.base)).send().await?;
+        let mut req = self.http.get(format!("{}/v1/payments/{payment_id}", self.base));
+        if let Some(secret) = &self.secret {
+            req = req.bearer_auth(secrecy::ExposeSecret::expose_secret(secret));
+        }
+        let res = req.send().await?;
         if !res.status().is_success() {
             let status = res.status().as_u16();
             return Err(ProviderError::Refused { status, body: res.text().await.unwrap_or_default() });
@@ -334,12 +430,12 @@ impl Client {
     }
 
     /// Where a program completes a payment (`POST {"outcome"}`).
-    pub fn pay_url(&self, payment_id: &str) -> String {
-        format!("{}/v1/payments/{payment_id}/complete", self.base)
+    pub fn pay_url(&self, payment: &Payment) -> String {
+        format!("{}/v1/payments/{}/complete?token={}", self.base, payment.payment_id, payment.pay_token)
     }
 
-    /// The page where a person pays.
-    pub fn checkout_url(&self, payment_id: &str) -> String {
-        format!("{}/v1/payments/{payment_id}/checkout", self.base)
+    /// The page where a person pays (a shop adds `&return=<url>`).
+    pub fn checkout_url(&self, payment: &Payment) -> String {
+        format!("{}/v1/payments/{}/checkout?token={}", self.base, payment.payment_id, payment.pay_token)
     }
 }

@@ -357,6 +357,13 @@ async fn paying_through_the_provider_is_real_http_both_ways(pool: PgPool) {
     assert_eq!(again.str("payment_id"), started.str("payment_id"), "one payment per order");
     assert_eq!(app.start_payment("fan-b", &order).await.status, 404, "another account's order is not found");
 
+    // The payment's id alone (which the fan's order shows) pays nothing, nor does a wrong token.
+    let by_id = format!("{}/v1/payments/{}/complete", app.provider, started.str("payment_id"));
+    for url in [by_id.clone(), format!("{by_id}?token=00000000000000000000000000000000")] {
+        let refused = app.send(app.client.post(url).json(&json!({"outcome": "succeeded"}))).await;
+        assert_eq!((refused.status, refused.code()), (404, "unknown_payment"));
+    }
+    assert_eq!(app.order("fan-a", &order).await.str("status"), "reserved");
     // The fan pays on the provider's page; the provider calls booking back, signed.
     let paid = app.send(app.client.post(started.str("pay_url")).json(&json!({"outcome": "succeeded"}))).await;
     assert_eq!(paid.body["delivered"], true, "{}", paid.body);
@@ -365,13 +372,66 @@ async fn paying_through_the_provider_is_real_http_both_ways(pool: PgPool) {
     assert_eq!((seen.str("status"), seen.str("payment_id")), ("paid".into(), started.str("payment_id")));
     assert!(!seen.str("paid_at").is_empty());
 
-    // The provider redelivers the same event: nothing changes.
+    // The provider redelivers the same event, for its account holder only: nothing changes.
     let url = format!("{}/v1/payments/{}/redeliver", app.provider, started.str("payment_id"));
-    let redelivered = app.send(app.client.post(url)).await;
+    assert_eq!(app.send(app.client.post(&url)).await.status, 401);
+    let redelivered = app.send(app.client.post(url).bearer_auth(crate::app::WEBHOOK_SECRET)).await;
     assert_eq!(redelivered.body["webhook_answer"]["duplicate"], true, "{}", redelivered.body);
     assert_eq!(app.order_events(&order).await, ["order.reserved", "order.paid"]);
     let late = app.start_payment("fan-a", &order).await;
     assert_eq!((late.status, late.code()), (409, "order_not_reserved"));
+    app.stop().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_provider_s_checkout_page_is_no_open_redirect_runs_no_inline_script_and_is_never_framed(pool: PgPool) {
+    // The attack: `?return=` sent the buyer anywhere, the page could be framed and allowed inline script, and
+    // the payment id alone paid or redelivered.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let provider = format!("http://{}", listener.local_addr().expect("addr"));
+    let app = TestApp::spawn_with(pool, &["--payment-provider-url", &provider]).await;
+    let options = booking::provider::Options {
+        attempts: 1,
+        return_origins: vec!["https://tickets.example".into()],
+        ..Default::default()
+    };
+    let router =
+        booking::provider::router_with(crate::app::WEBHOOK_SECRET.as_bytes(), &app.url("/webhooks/payments"), options);
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let seat = app.seats_on_sale().await[9];
+    let (order, _) = app.reserve("fan-a", &[seat]).await;
+    let started = app.start_payment("fan-a", &order).await;
+    let checkout = started.str("checkout_url");
+    let page = |back: &str| {
+        let url = format!("{checkout}&return={}", back.replace('&', "%26").replace('#', "%23"));
+        let client = app.client.clone();
+        async move { client.get(url).send().await.expect("the page") }
+    };
+    let shown = page("https://tickets.example/events/1/buy?order=1").await;
+    assert_eq!(shown.status(), 200);
+    let policy = shown.headers()["content-security-policy"].to_str().expect("ascii").to_owned();
+    assert!(policy.contains("frame-ancestors 'none'") && policy.contains("script-src 'self'"), "{policy}");
+    assert!(!policy.contains("unsafe-inline"), "{policy}");
+    assert_eq!(shown.headers()["x-frame-options"], "DENY");
+    let html = shown.text().await.expect("html");
+    assert!(html.contains(r#"data-return="https://tickets.example/events/1/buy?order=1""#), "{html}");
+    assert!(!html.contains("<script>") && !html.contains("<style>"), "no inline script or style");
+    for elsewhere in [
+        "https://evil.example/phish",
+        "https://tickets.example.evil.example/x",
+        "https://tickets.example@evil.example/x",
+        "javascript:alert(1)",
+        "//evil.example/x",
+    ] {
+        let html = page(elsewhere).await.text().await.expect("html");
+        assert!(html.contains(r#"data-return="""#), "{elsewhere} is not a way back: {html}");
+    }
+    // Without its pay token the page is as unknown as a payment that does not exist.
+    let bare = checkout.split('?').next().unwrap_or_default().to_owned();
+    assert_eq!(app.client.get(bare).send().await.expect("answer").status(), 404);
+    let script = app.client.get(format!("{provider}/v1/checkout.js")).send().await.expect("script");
+    assert_eq!(script.status(), 200);
+    server.abort();
     app.stop().await;
 }
 
@@ -582,12 +642,13 @@ async fn a_provider_that_settles_by_itself_pays_the_order_with_nobody_pressing_p
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let provider = format!("http://{}", listener.local_addr().expect("addr"));
     let app = TestApp::spawn_with(pool, &["--payment-provider-url", &provider]).await;
-    let settling = booking::provider::router_settling(
-        crate::app::WEBHOOK_SECRET.as_bytes(),
-        &app.url("/webhooks/payments"),
-        3,
-        Some(std::time::Duration::from_millis(100)),
-    );
+    let options = booking::provider::Options {
+        attempts: 3,
+        auto_settle: Some(std::time::Duration::from_millis(100)),
+        ..Default::default()
+    };
+    let settling =
+        booking::provider::router_with(crate::app::WEBHOOK_SECRET.as_bytes(), &app.url("/webhooks/payments"), options);
     let server = tokio::spawn(async move { axum::serve(listener, settling).await });
     let seat = app.seats_on_sale().await[7];
     let (order, _) = app.reserve("fan-a", &[seat]).await;
