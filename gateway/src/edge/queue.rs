@@ -268,7 +268,9 @@ impl Queue {
         let room = self.rooms.get(event);
         let now_ms = room.as_ref().map_or(unix_now() * 1000, |r| r.live.now_ms());
         let settings = room.as_ref().map_or(room::Settings::DEFAULT, |r| r.live.settings.clone());
-        if fresh && place == head + 1 && settings.state == QueueState::Open {
+        // A node that has not yet read the room (it was made a moment ago) does not know its settings: its fans
+        // wait for the next tick rather than be admitted for a default session the room may not have.
+        if fresh && place == head + 1 && room.is_some() && settings.state == QueueState::Open {
             // First in line: one admission step now, so a fan who arrives while there is room and nobody waits
             // is admitted at once rather than at the next tick.
             if let Ok(Stepped::Moved { head: new_head, .. }) =

@@ -701,3 +701,37 @@ async fn no_link_signs_a_browser_in_and_a_demo_sign_in_code_works_once_into_an_h
     }
     assert_eq!(upstream.hits(), 0);
 }
+
+/// A node that has not yet read a room made a moment ago does not know its session: it never admits a fan
+/// for a default session the room does not have (its proof would be refused as lasting too long). Whichever
+/// node answers, every proof handed out lasts the room's session and is accepted on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proof_handed_out_as_a_room_opens_lasts_its_session_and_passes_every_node() {
+    let upstream = Upstream::start().await;
+    let p = prefix();
+    let a = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    // A slow ticker: this node lists the new room late.
+    let b = GatewayProcess::start(Node::new(upstream.addr, &p).arg("--tick-ms", 1000)).await;
+    let event = 130;
+    a.configure(event, json!({ "state": "open", "session_seconds": 120 })).await;
+    let joined = b.join(event, "first-fan").await;
+    assert_eq!(joined.status, 200, "{}", joined.text);
+    // Admitted at once, or at a later tick: either way with the room's session.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut answer = joined;
+    let ticket = answer.ticket();
+    while answer.body["state"] != "admitted" {
+        assert!(Instant::now() < deadline, "never admitted: {}", answer.text);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        answer = b.status(event, &ticket).await;
+    }
+    let proof = answer.body["admission_token"].as_str().expect("a proof").to_owned();
+    let claims = Keyring::parse(KEYS).expect("keys").verify_admission(&proof).expect("a valid proof");
+    assert!(claims.exp - claims.iat <= 121, "the room's session, not a default one: {claims:?}");
+    a.wait_for_room(event).await;
+    b.wait_for_room(event).await;
+    for node in [&a, &b] {
+        let reply = node.get(&format!("/events/{event}"), &[("authorization", &format!("Bearer {proof}"))]).await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+    }
+}
