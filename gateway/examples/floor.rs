@@ -5,9 +5,10 @@
 //!     cargo run --release -p gateway --example floor -- 127.0.0.1:18010 127.0.0.1:18080
 //!     curl http://127.0.0.1:18010/healthz
 //!
-//! The upstream may also be `unix:/path/to/booking.sock`. With `--timeouts`, it keeps the two timeouts the
+//! The upstream may also be `unix:/path/to/booking.sock`. With `--timeouts`, it keeps the three timeouts the
 //! gateway's contract needs and nothing else of the gateway: a client's idle connection closes after 60 s,
-//! and each read of booking's answer waits at most 10 s (each costs a timer per request).
+//! each read of booking's answer waits at most 10 s, and each write to the client at most 10 s (each costs a
+//! timer per request).
 
 use async_trait::async_trait;
 use pingora::modules::http::HttpModules;
@@ -24,6 +25,8 @@ struct Floor {
     peer: HttpPeer,
     /// The client's idle limit between requests, in seconds.
     keepalive: Option<u64>,
+    /// The longest a write to the client may make no progress.
+    write_timeout: Option<std::time::Duration>,
 }
 
 #[async_trait]
@@ -38,6 +41,9 @@ impl ProxyHttp for Floor {
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut ()) -> pingora::Result<()> {
         if self.keepalive.is_some() && session.get_keepalive() == Some(0) {
             session.set_keepalive(self.keepalive);
+        }
+        if self.write_timeout.is_some() {
+            session.set_write_timeout(self.write_timeout);
         }
         Ok(())
     }
@@ -60,7 +66,8 @@ fn main() -> anyhow::Result<()> {
     if timeouts {
         peer.options.read_timeout = Some(std::time::Duration::from_secs(10));
     }
-    let floor = Floor { peer, keepalive: timeouts.then_some(60) };
+    let ten = std::time::Duration::from_secs(10);
+    let floor = Floor { peer, keepalive: timeouts.then_some(60), write_timeout: timeouts.then_some(ten) };
     let conf = ServerConf { threads: 2, work_stealing: true, grace_period_seconds: Some(0), ..ServerConf::default() };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
