@@ -57,7 +57,8 @@ pub struct Config {
     pub client_write_timeout_ms: u64,
     /// Longest a client may take to send a request's head, in seconds: from the connection's accept, or from
     /// the end of the idle time the gateway allows after a request (60 s). A connection whose head is not in
-    /// by then is closed. HTTP/2 connections keep HTTP/2's own rules.
+    /// by then is closed at its next byte (one that sends nothing, after the 60 s wait for a read). HTTP/2
+    /// connections keep HTTP/2's own rules.
     #[arg(long, env = "GATEWAY_HEAD_TIMEOUT_SECONDS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub head_timeout_seconds: u64,
     /// How often each booking node's `/readyz` is asked, in milliseconds. A node that fails once is taken out

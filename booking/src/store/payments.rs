@@ -13,7 +13,7 @@ use super::lifecycle::{self, Delivery, OrderRow, Outcome, Reclaim, Scope, Window
 use crate::domain::OrderId;
 use crate::domain::order::Status;
 
-/// How long a late payment's claim on its seats lasts if booking dies before Postgres answers (it lapses; a
+/// How long a late payment's claim on its seats lasts if Postgres does not answer or booking dies first (it lapses; a
 /// paid order's markers are written for good once Postgres commits).
 const CLAIM_FOR: time::Duration = time::Duration::seconds(60);
 
@@ -60,19 +60,22 @@ async fn late(
     let outcome = lifecycle::apply_payment(pool, order.id, delivery, window, Some(reclaim(claimed)))
         .await
         .and_then(|o| o.ok_or_else(|| StoreError::Unexpected("a claimed late payment asked for a claim".into())));
-    // The claim stays only under a paid order (by this delivery or another one at the same time).
-    let paid = match &outcome {
+    // The claim is given back when Postgres answered and the order is not paid (by this delivery or another
+    // one at the same time). When Postgres did not answer, it may have committed: the claim stays, and lapses
+    // by itself unless the provider's retry finds the order paid.
+    let refused = match &outcome {
         Ok(
             Outcome::Changed { order, .. }
             | Outcome::Unchanged(order)
             | Outcome::Refused { order, .. }
             | Outcome::Duplicate { order, .. },
-        ) => order.status == Status::Paid,
-        Ok(Outcome::NotFound) | Err(_) => false,
+        ) => order.status != Status::Paid,
+        Ok(Outcome::NotFound) => true,
+        Err(_) => false,
     };
     if !claimed {
         metrics::counter!("booking_late_payments_refused_total", "by" => "redis").increment(1);
-    } else if !paid {
+    } else if refused {
         metrics::counter!("booking_late_payments_refused_total", "by" => "postgres").increment(1);
         if let Err(e) = holds.release_order(order.event, &on).await {
             tracing::warn!(error = %e, order = %order.id, "a late payment's claim was not given back; it lapses");

@@ -2,11 +2,11 @@
 //! [`ServerApp`] (pingora calls `process_new` with each new connection and serves every request on it):
 //!
 //! - **A deadline for each request's head.** Pingora times each read of a head (60 s) but not the whole head,
-//!   so a client that sends a byte now and then kept its connection for as long as it liked. A connection is
-//!   closed when no request is in flight and its deadline passes: the accept plus `head`, then the end of each
-//!   request plus the keep-alive time and `head`. The proxy marks a request's start (its head read whole) and
-//!   end on the connection's [`HeadClock`], which the stream carries ([`Watched`]). HTTP/2 connections are left
-//!   to HTTP/2 (its streams are not this connection's reads).
+//!   so a client that sends a byte now and then kept its connection for as long as it liked. A read with no
+//!   request in flight past the deadline fails, and the connection closes: the deadline is the accept plus
+//!   `head`, then the end of each request plus the keep-alive time and `head`. The proxy marks a request's
+//!   start (its head read whole) and end on the connection's [`HeadClock`], which the stream carries
+//!   ([`Watched`]). HTTP/2 connections are left to HTTP/2 (its streams are not this connection's reads).
 //! - **A cap on the connections one client IP holds open.** Trusted proxies are not capped: every fan behind a
 //!   CDN arrives through a few of their addresses. A connection is known by its file descriptor and its peer's
 //!   address and port: a descriptor alone may already belong to a new connection when the call that closed the
@@ -30,7 +30,6 @@ use pingora::protocols::{
 };
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 
 use crate::limits::{Limits, limit_key};
 
@@ -111,28 +110,13 @@ impl<A> PerClientCap<A> {
 }
 
 impl<A: ServerApp + Send + Sync + 'static> PerClientCap<A> {
-    /// Serves the connection, closing it when its head deadline passes with no request in flight.
+    /// Serves the connection, its reads held to its head deadline ([`Watched`]).
     async fn serve(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
-        if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
+        if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) || Watched::clock(&stream).is_some() {
             return self.app.process_new(stream, shutdown).await;
         }
-        let (stream, clock) = match stream.as_any().downcast_ref::<Watched>() {
-            Some(watched) => {
-                let clock = watched.clock.clone();
-                (stream, clock)
-            }
-            None => {
-                let clock = Arc::new(HeadClock::new(self.heads));
-                (Box::new(Watched { inner: stream, clock: clock.clone() }) as Stream, clock)
-            }
-        };
-        tokio::select! {
-            kept = self.app.process_new(stream, shutdown) => kept,
-            () = clock.expired() => {
-                crate::metrics::record_head_timeout();
-                None
-            }
-        }
+        let watched = Watched { inner: stream, clock: HeadClock::new(self.heads) };
+        self.app.process_new(Box::new(watched), shutdown).await
     }
 }
 
@@ -160,15 +144,18 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for PerClientCap<A> {
     }
 }
 
-/// When a connection without a request in flight is closed. The proxy marks each request's start and end.
+/// When a connection without a request in flight stops being read. The proxy marks each request's start and
+/// end (two atomic operations and a clock read); a read of the connection while no request is in flight and
+/// past the deadline fails, and pingora closes the connection. No timer runs for it: a client that trickles a
+/// head is cut off at its first byte past the deadline, and one that sends nothing at all is closed by
+/// pingora's own wait for a read (the keep-alive time).
 #[derive(Debug)]
 pub struct HeadClock {
     times: HeadTimes,
     start: Instant,
-    /// Milliseconds after `start` past which the connection is closed while no request is in flight.
+    /// Milliseconds after `start` past which a read with no request in flight fails.
     deadline_ms: AtomicU64,
     in_flight: AtomicU32,
-    changed: Notify,
 }
 
 impl HeadClock {
@@ -178,7 +165,6 @@ impl HeadClock {
             start: Instant::now(),
             deadline_ms: AtomicU64::new(times.head.as_millis() as u64),
             in_flight: AtomicU32::new(0),
-            changed: Notify::new(),
         }
     }
 
@@ -191,46 +177,38 @@ impl HeadClock {
     pub fn request_ended(&self) {
         let next = self.start.elapsed() + self.times.idle + self.times.head;
         self.deadline_ms.store(next.as_millis() as u64, Ordering::Release);
-        if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.changed.notify_one();
-        }
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// Ends when the deadline has passed with no request in flight.
-    async fn expired(&self) {
-        loop {
-            if self.in_flight.load(Ordering::Acquire) > 0 {
-                self.changed.notified().await;
-                continue;
-            }
-            let at = self.start + Duration::from_millis(self.deadline_ms.load(Ordering::Acquire));
-            if Instant::now() >= at {
-                return;
-            }
-            tokio::select! {
-                () = tokio::time::sleep_until(at.into()) => {}
-                () = self.changed.notified() => {}
-            }
-        }
+    /// No request is in flight and the deadline has passed.
+    fn expired(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+            && self.start.elapsed().as_millis() as u64 > self.deadline_ms.load(Ordering::Acquire)
     }
 }
 
-/// A client connection with its [`HeadClock`]: every call goes to the connection itself.
+/// A client connection with its [`HeadClock`]: every call goes to the connection itself, and a read past the
+/// head deadline fails.
 #[derive(Debug)]
 pub struct Watched {
     inner: Stream,
-    clock: Arc<HeadClock>,
+    clock: HeadClock,
 }
 
 impl Watched {
     /// The head clock of the connection `stream` is, if the listener watches it.
     pub fn clock(stream: &Stream) -> Option<&HeadClock> {
-        stream.as_any().downcast_ref::<Self>().map(|w| &*w.clock)
+        stream.as_any().downcast_ref::<Self>().map(|w| &w.clock)
     }
 }
 
 impl AsyncRead for Watched {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if self.clock.expired() {
+            crate::metrics::record_head_timeout();
+            let late = std::io::Error::new(std::io::ErrorKind::TimedOut, "the request's head did not arrive in time");
+            return Poll::Ready(Err(late));
+        }
         Pin::new(&mut *self.inner).poll_read(cx, buf)
     }
 }
@@ -360,22 +338,24 @@ mod tests {
         assert_eq!(cap.counted(), (0, 0), "nothing left behind");
     }
 
-    #[tokio::test]
-    async fn a_connection_expires_only_while_no_request_is_in_flight() {
+    #[test]
+    fn a_connection_expires_only_while_no_request_is_in_flight() {
         let times = HeadTimes { head: Duration::from_millis(50), idle: Duration::from_millis(50) };
         let clock = HeadClock::new(times);
+        assert!(!clock.expired(), "a new connection has its head's time");
         clock.request_started();
-        let waited = tokio::time::timeout(Duration::from_millis(300), clock.expired()).await;
-        assert!(waited.is_err(), "a request in flight keeps its connection");
+        std::thread::sleep(Duration::from_millis(120));
+        assert!(!clock.expired(), "a request in flight keeps its connection");
         clock.request_ended();
-        let waited = tokio::time::timeout(Duration::from_secs(10), clock.expired()).await;
-        assert!(waited.is_ok(), "idle and no head: the deadline passes");
-        // Two at once (HTTP/1 pipelining keeps one; the count allows more): the first ending does not expire it.
+        assert!(!clock.expired(), "the idle time and a head's time from the request's end");
+        std::thread::sleep(Duration::from_millis(120));
+        assert!(clock.expired(), "idle and no head: the deadline has passed");
+        // Two at once (the count allows more than one): the first ending does not expire it.
         let clock = HeadClock::new(times);
         clock.request_started();
         clock.request_started();
         clock.request_ended();
-        let waited = tokio::time::timeout(Duration::from_millis(300), clock.expired()).await;
-        assert!(waited.is_err(), "one request still in flight");
+        std::thread::sleep(Duration::from_millis(120));
+        assert!(!clock.expired(), "one request still in flight");
     }
 }

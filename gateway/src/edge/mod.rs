@@ -374,8 +374,8 @@ impl Edge {
     /// this node knows no room for has no session to hold it to.
     fn within_session(&self, claims: &tokens::AdmissionClaims, event: i64) -> Result<(), routes::Refusal> {
         const LEEWAY_SECONDS: u64 = 60;
-        let Some(room) = self.queue.rooms.get(event) else { return Ok(()) };
-        let session = u64::from(room.live.settings.session_seconds) + LEEWAY_SECONDS;
+        let Some(session) = self.queue.rooms.session_seconds(event) else { return Ok(()) };
+        let session = u64::from(session) + LEEWAY_SECONDS;
         if claims.exp.saturating_sub(claims.iat) > session {
             return Err(routes::Refusal::new(
                 401,

@@ -386,6 +386,12 @@ impl Rooms {
         self.rooms.read().ok()?.get(&event).cloned()
     }
 
+    /// The room's session length as this node knows it (read in place: the forwarding path asks on every
+    /// request).
+    pub fn session_seconds(&self, event: i64) -> Option<u32> {
+        self.rooms.read().ok()?.get(&event).map(|room| room.live.settings.session_seconds)
+    }
+
     /// The room if this node's view of it is fresher than `max_age`.
     pub fn fresh(&self, event: i64, max_age: Duration) -> Result<Arc<Room>, Freshness> {
         let listed = self.listed_at.read().ok().and_then(|at| *at);
