@@ -267,10 +267,15 @@ impl Queue {
     ) -> Result<Placed, Reply> {
         let room = self.rooms.get(event);
         let now_ms = room.as_ref().map_or(unix_now() * 1000, |r| r.live.now_ms());
-        let settings = room.as_ref().map_or(room::Settings::DEFAULT, |r| r.live.settings.clone());
-        // A node that has not yet read the room (it was made a moment ago) does not know its settings: its fans
-        // wait for the next tick rather than be admitted for a default session the room may not have.
-        if fresh && place == head + 1 && room.is_some() && settings.state == QueueState::Open {
+        // A node that has not yet read the room (it was made a moment ago) reads its settings now: a fan admitted
+        // at once gets the room's session, never a default one. If they cannot be read, the fan waits a tick.
+        let settings = match &room {
+            Some(r) => Some(r.live.settings.clone()),
+            None => store.settings(event).await.ok().flatten(),
+        };
+        let known = settings.is_some();
+        let settings = settings.unwrap_or(room::Settings::DEFAULT);
+        if fresh && place == head + 1 && known && settings.state == QueueState::Open {
             // First in line: one admission step now, so a fan who arrives while there is room and nobody waits
             // is admitted at once rather than at the next tick.
             if let Ok(Stepped::Moved { head: new_head, .. }) =
