@@ -4,10 +4,13 @@
 //! A fresh stream opens with a `version` event: the map version it starts after, and where to read the
 //! status (which shows some version at or past it, or earlier from a cache: then the client resumes from the
 //! status's version). A stream resumed with `Last-Event-ID` (or `?since=`, for a client that starts from a
-//! status) first replays the log from there. Then come `delta` events, each starting at the version after the
-//! last one sent, and heartbeats. When the log no longer
-//! reaches back far enough, or the subscriber falls behind, a `resync` event ends the stream: the client
-//! reloads the status and subscribes again from its version.
+//! status) first replays the log from there, at most [`CATCH_UP_ENTRIES`] entries in one read. Then come
+//! `delta` events, each starting at the version after the last one sent, and heartbeats. When the log no longer
+//! reaches back far enough, the client is further behind than a replay goes, or it falls behind, a `resync`
+//! event ends the stream: the client reloads the status and subscribes again from its version.
+//!
+//! Nothing anonymous holds a stream for ever: streams are capped per client address prefix, per event and per
+//! node ([`Caps`]), and each ends cleanly after its lifetime, the client resuming with `Last-Event-ID`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
