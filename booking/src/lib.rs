@@ -10,14 +10,13 @@ pub mod store;
 pub mod telemetry;
 pub mod workers;
 
-/// Migrations of the booking database, embedded at build time from `migrations/`.
-/// Whether a bearer token in `authorization` is `expected`, comparing every byte whatever the first difference,
-/// so timing says nothing of the secret.
+/// Whether a bearer token in `authorization` is `expected`, compared in constant time.
 pub fn bearer_is(authorization: Option<&axum::http::HeaderValue>, expected: &[u8]) -> bool {
     let given = authorization.and_then(|v| v.as_bytes().strip_prefix(b"Bearer ")).unwrap_or_default();
-    given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    tokens::same_secret(given, expected)
 }
 
+/// Migrations of the booking database, embedded at build time from `migrations/`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 /// Resolves on SIGINT or SIGTERM: when a service starts its graceful shutdown.

@@ -28,6 +28,12 @@ pub const ACCOUNT_AUDIENCE: &str = "waiting-room";
 pub const LEEWAY_SECONDS: u64 = 5;
 /// Tokens longer than this are refused before any parsing: no legitimate token comes near it.
 pub const MAX_TOKEN_BYTES: usize = 2048;
+
+/// Whether `given` is `expected`, comparing every byte whatever the first difference, so the time taken says
+/// nothing of the secret (bearer tokens, pay tokens).
+pub fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
 /// Shortest secret accepted for HS256 (the hash output size).
 pub const MIN_SECRET_BYTES: usize = 32;
 /// Most admission proofs a [`Keyring`] remembers as verified (a few hundred bytes each; a fan presents one

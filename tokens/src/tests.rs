@@ -278,3 +278,12 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn secrets_are_the_same_only_byte_for_byte() {
+    assert!(same_secret(b"abc", b"abc"));
+    assert!(!same_secret(b"abc", b"abd"));
+    assert!(!same_secret(b"ab", b"abc"), "a prefix is not the secret");
+    assert!(!same_secret(b"", b"abc"));
+    assert!(same_secret(b"", b""));
+}

@@ -153,9 +153,7 @@ fn unauthenticated() -> Response {
 fn payable(p: &Provider, id: &str, token: Option<&str>) -> Option<Payment> {
     let payments = p.payments.lock().unwrap_or_else(|e| e.into_inner());
     let pay = payments.get(id)?;
-    let (given, expected) = (token.unwrap_or_default().as_bytes(), pay.pay_token.as_bytes());
-    let same = given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-    same.then(|| pay.clone())
+    tokens::same_secret(token.unwrap_or_default().as_bytes(), pay.pay_token.as_bytes()).then(|| pay.clone())
 }
 
 #[derive(Debug, Deserialize)]
