@@ -1,8 +1,9 @@
 -- queue_join: give an account its one place in an event's queue, or in its pre-queue before the opening.
 --
--- KEYS (the same fifteen for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same sixteen for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
---                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version
+--                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
+--                                                   challenge (on: a new place costs a solved challenge)
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
 --   3 head (counter)      <p>queue:{evE}:head      the last place the admission step has passed
 --   4 places (hash)       <p>queue:{evE}:places    account -> place
@@ -17,20 +18,27 @@
 --  13 pre (set)           <p>queue:{evE}:pre       accounts in the pre-queue
 --  14 prelist (list)      <p>queue:{evE}:prelist   the same accounts in join order (kept after opening, for audit)
 --  15 shuffle (hash)      <p>queue:{evE}:shuffle   seed, count, base, at_ms of the pre-queue draw
+--  16 spent (zset)        <p>queue:{evE}:spent     nonce of each challenge a join was paid with, score = its expiry (ms)
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     account id
 -- ARGV[2]     the highest place the calling node knows was given out (0: none): a new place is above it
+-- ARGV[3]     the nonce of the challenge the join solved, checked by the gateway ("" when none was sent)
+-- ARGV[4]     when that challenge expires, Unix ms (its nonce is remembered until then)
 -- Returns     {"unknown"}                       no waiting room is configured for this event
+--             {"challenge"}                     the room's challenge is on and the join solved none: nothing done
+--             {"spent"}                         that challenge already paid for a join: nothing done
 --             {"closed", state}                 the queue takes nobody (state closed or sold_out)
 --             {"opening"}                       the pre-queue's opening time has passed: open it, then join again
 --             {"pre", count}                    in the pre-queue (count = how many are in it)
 --             {"place", place, head, fresh}     the account's place (fresh = 1 if given now)
 -- Joining again returns the same place while the fan waits or is admitted within its session; a fan skipped as
--- abandoned, or whose session ended, gets a new place at the back.
+-- abandoned, or whose session ended, gets a new place at the back. With the challenge on, a join that sends
+-- none is answered only with a place the account already holds; a solved challenge is spent by the first join
+-- that sends it, whatever that join gives.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local s = redis.call('HMGET', KEYS[1], 'state', 'session_seconds', 'opens_at')
+local s = redis.call('HMGET', KEYS[1], 'state', 'session_seconds', 'opens_at', 'challenge')
 local state = s[1]
 if not state then
   return {'unknown'}
@@ -39,10 +47,35 @@ if state == 'closed' or state == 'sold_out' then
   return {'closed', state}
 end
 local account = ARGV[1]
+local gated = s[4] == 'on'
+local nonce = ARGV[3] or ''
 if state == 'prequeue' then
   local opens = tonumber(s[3] or '0') or 0
   if opens > 0 and now >= opens then
     return {'opening'}
+  end
+end
+if gated and nonce ~= '' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[16], '-inf', now)
+  if redis.call('ZADD', KEYS[16], 'NX', tonumber(ARGV[4]) or now, nonce) == 0 then
+    return {'spent'}
+  end
+end
+-- Whether the account holds a place that joining again returns as it is (waiting, or admitted within its
+-- session).
+local function held(place, head)
+  if place == 0 then
+    return false
+  end
+  if place > head then
+    return true
+  end
+  local admitted = tonumber(redis.call('ZSCORE', KEYS[8], account) or '0')
+  return admitted > now - tonumber(s[2] or '0') * 1000
+end
+if state == 'prequeue' then
+  if gated and nonce == '' and redis.call('SISMEMBER', KEYS[13], account) == 0 then
+    return {'challenge'}
   end
   redis.call('ZADD', KEYS[7], now, account)
   if redis.call('SADD', KEYS[13], account) == 1 then
@@ -52,18 +85,16 @@ if state == 'prequeue' then
   return {'pre', redis.call('SCARD', KEYS[13])}
 end
 
-redis.call('ZADD', KEYS[7], now, account)
 local head = tonumber(redis.call('GET', KEYS[3]) or '0')
 local place = tonumber(redis.call('HGET', KEYS[4], account) or '0')
-if place > 0 then
-  if place > head then
-    return {'place', place, head, 0}
-  end
-  local admitted = tonumber(redis.call('ZSCORE', KEYS[8], account) or '0')
-  if admitted > now - tonumber(s[2] or '0') * 1000 then
-    return {'place', place, head, 0}
-  end
+if held(place, head) then
+  redis.call('ZADD', KEYS[7], now, account)
+  return {'place', place, head, 0}
 end
+if gated and nonce == '' then
+  return {'challenge'}
+end
+redis.call('ZADD', KEYS[7], now, account)
 place = redis.call('INCR', KEYS[2])
 local floor = tonumber(ARGV[2] or '0') or 0
 if place <= floor then

@@ -255,6 +255,15 @@ pub enum AdminAction {
         /// When the pre-queue opens: Unix seconds, `+N` for N seconds from now, or 0 to clear.
         #[arg(long)]
         opens_at: Option<String>,
+        /// on: a new place costs a solved proof-of-work challenge; off: an account token is enough.
+        #[arg(long)]
+        challenge: Option<String>,
+        /// The most hashes a challenge can take (a solver needs half on average).
+        #[arg(long)]
+        challenge_difficulty: Option<u32>,
+        /// true: forged or spent solutions are answered as a waiting fan that never advances.
+        #[arg(long)]
+        infinite_queue_for_failed: Option<bool>,
     },
     /// Show the recorded pre-queue draw (seed, join order) and check it by recomputing every place.
     Draw { event: i64 },

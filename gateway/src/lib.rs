@@ -1,9 +1,11 @@
 //! The waiting-room gateway, on pingora: a fair Redis-backed queue per event (one place per account, exact FIFO
 //! across nodes, a seeded draw for the pre-queue), admission at an operator-set rate by a leaderless Lua step,
 //! signed admission proofs checked in-process on every request pingora's proxy forwards to booking,
-//! per-account and per-IP rate limits, and an admin listener with Prometheus metrics.
+//! per-account and per-IP rate limits, a proof-of-work gate at joining, and an admin listener with Prometheus
+//! metrics.
 //!
 //! Imports flow one way: `edge` (HTTP: routes, refusals, the proxy phases) uses `room` (pure decisions),
+//! `gate` (proof-of-work challenges, pure),
 //! `store` (Redis), `seatmap` (the live seat maps' feeds, over `store`), `limits` and `upstreams` (booking's
 //! nodes); `ticker` and `admin` use `room` and `store`,
 //! the ticker also `upstreams`; nothing imports `edge` but
@@ -12,6 +14,7 @@
 pub mod admin;
 pub mod config;
 pub mod edge;
+pub mod gate;
 pub mod limits;
 pub mod metrics;
 pub mod openapi;

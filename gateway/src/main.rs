@@ -13,6 +13,7 @@ use gateway::config::{Cli, Command, Config};
 use gateway::edge::Edge;
 use gateway::edge::connections::PerClientCap;
 use gateway::edge::queue::{Queue, QueueOptions};
+use gateway::gate::Gate;
 use gateway::limits::Limits;
 use gateway::room::Rooms;
 use gateway::store::LazyStore;
@@ -76,6 +77,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         accounts,
         rooms: rooms.clone(),
         store: store.fork(),
+        gate: Gate::from_keyring_spec(cfg.admission_keys.expose_secret()),
         options: QueueOptions {
             account_issuer: cfg.account_issuer.clone(),
             ticket_ttl_seconds: cfg.ticket_ttl_seconds,

@@ -18,6 +18,11 @@ pub fn record_room(event: i64, live: &Live) {
     set("waiting_room_admissions_per_minute", live.admitted_last_minute as f64);
     set("waiting_room_abandoned_total", live.counts.abandoned_total as f64);
     set("waiting_room_admit_per_minute_setting", f64::from(live.settings.admit_per_minute));
+    let challenged = live.settings.challenge == crate::room::ChallengeMode::On;
+    set(
+        "waiting_room_challenge_difficulty",
+        if challenged { f64::from(live.settings.challenge_difficulty) } else { 0.0 },
+    );
     if let Some(ms) = live.median_wait_ms {
         set("waiting_room_median_wait_seconds", ms as f64 / 1000.0);
     }
@@ -63,4 +68,11 @@ pub fn record_rate_limited(limit: &'static str) {
 pub fn record_unreplicated(refused: bool) {
     let outcome = if refused { "refused" } else { "unreplicated" };
     metrics::counter!("waiting_room_unreplicated_writes_total", "outcome" => outcome).increment(1);
+}
+
+/// What the gate did with one join: `issued` a challenge, `solved` (a place paid for), or refused a solution
+/// as `malformed`, `failed`, `not_yours`, `expired` or `spent`; `held` counts those answered instead as a
+/// waiting fan that never advances (a room's `infinite_queue_for_failed`).
+pub fn record_gate(outcome: &'static str) {
+    metrics::counter!("gateway_gate_total", "outcome" => outcome).increment(1);
 }

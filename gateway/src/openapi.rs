@@ -11,7 +11,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::admin::{DrawView, LiveView, RoomView};
 use crate::edge::queue::QueueAnswer;
-use crate::room::{QueueState, SettingsPatch};
+use crate::room::{ChallengeMode, QueueState, SettingsPatch};
 
 /// Every error: `{"error": "<stable_code>", "message": "<sentence>", ...details}`.
 #[derive(ToSchema)]
@@ -20,17 +20,36 @@ pub struct ErrorBody {
     pub message: String,
 }
 
-/// Join an event's queue (or its pre-queue), once per account.
+/// Join an event's queue (or its pre-queue), once per account. While the room's `challenge` is on, a join that
+/// gives a new place pays with a solved proof-of-work challenge (ALTCHA v2): the 428 answer carries
+/// `challenge` (sign-protected parameters) and `difficulty`; solve it and join again with the solution in the
+/// `altcha` field (docs/api.md has the steps).
 #[utoipa::path(post, path = "/queue/{event_id}/join", tag = "queue",
-    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    params(
+        ("event_id" = i64, Path, minimum = 1, description = "event id"),
+        ("altcha" = Option<String>, Header, description = "base64 of `{\"challenge\", \"solution\": {\"counter\", \"derivedKey\"}}`"),
+    ),
     security(("account" = [])),
     responses(
         (status = 200, body = QueueAnswer, description = "the fan's place (or admission), with its ticket"),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 405, body = ErrorBody), (status = 409, body = ErrorBody, description = "queue_closed, sold_out"),
+        (status = 400, body = ErrorBody, description = "challenge_malformed, ..."), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody, description = "challenge_failed, challenge_not_yours"),
+        (status = 404, body = ErrorBody), (status = 405, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "queue_closed, sold_out, challenge_spent"),
+        (status = 428, body = ErrorBody, description = "challenge_required, challenge_expired: with `challenge`, \
+            `difficulty` and `field`"),
         (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),
     ))]
 fn join() {}
+
+/// The waiting-room page's proof-of-work worker (JavaScript, cacheable).
+#[utoipa::path(get, path = "/queue/{event_id}/solver.js", tag = "queue",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    responses(
+        (status = 200, content_type = "text/javascript", body = String, description = "the worker"),
+        (status = 400, body = ErrorBody), (status = 405, body = ErrorBody),
+    ))]
+fn solver() {}
 
 /// Where the fan stands; when admitted, the admission proof.
 #[utoipa::path(get, path = "/queue/{event_id}/status", tag = "queue",
@@ -127,8 +146,8 @@ fn get_draw() {}
         API on the admin listener. `/events/{event_id}/...` is forwarded to booking (see booking's document) with \
         an admission proof; `/events/{event_id}/seats/status` and `/seats/layout/{catalogue_version}` without \
         one, under the per-IP limit."),
-    paths(join, status, page, seat_stream, healthz, get_room, put_room, get_draw),
-    components(schemas(ErrorBody, QueueAnswer, RoomView, LiveView, DrawView, SettingsPatch, QueueState)),
+    paths(join, solver, status, page, seat_stream, healthz, get_room, put_room, get_draw),
+    components(schemas(ErrorBody, QueueAnswer, RoomView, LiveView, DrawView, SettingsPatch, QueueState, ChallengeMode)),
     modifiers(&Security),
 )]
 struct ApiDoc;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use redis::{AsyncCommands, Script, Value};
 use redisconn::{Conn, Options, Target};
 
+use crate::gate::Payment;
 use crate::room::{Batch, Counts, QueueState, Settings, SettingsPatch};
 
 /// Why a Redis call did not give an answer.
@@ -36,9 +37,9 @@ pub struct QueueKeys {
 }
 
 /// The keys every queue script receives, in this order (the scripts' headers list them).
-const KEY_NAMES: [&str; 15] = [
+const KEY_NAMES: [&str; 16] = [
     "settings", "seq", "head", "places", "who", "joined", "seen", "active", "skipped", "batches", "stats", "waits",
-    "pre", "prelist", "shuffle",
+    "pre", "prelist", "shuffle", "spent",
 ];
 
 impl QueueKeys {
@@ -50,7 +51,7 @@ impl QueueKeys {
         format!("{}{name}", self.base)
     }
 
-    /// All fifteen keys, in script order.
+    /// All sixteen keys, in script order.
     pub fn all(&self) -> Vec<String> {
         KEY_NAMES.iter().map(|name| self.key(name)).collect()
     }
@@ -200,6 +201,10 @@ pub enum Joined {
     Prequeue { count: u64 },
     /// The account's place; `head` is the last place passed; `fresh` if given now.
     Place { place: u64, head: u64, fresh: bool },
+    /// The room's challenge is on and the join solved none (and holds no place): nothing was done.
+    ChallengeRequired,
+    /// The challenge sent already paid for a join: nothing was done.
+    Spent,
 }
 
 /// What an admission step did.
@@ -428,10 +433,21 @@ impl QueueStore {
     }
 
     /// Gives `account` its place in `event`'s queue (`lua/queue_join.lua`), above `floor`, the highest place
-    /// this node knows was given out. A place is answered only once the replicas asked for hold it.
-    pub async fn join(&self, event: i64, account: &str, floor: u64) -> Result<Joined, StoreError> {
+    /// this node knows was given out, spending the challenge it paid with, if any. A place is answered only
+    /// once the replicas asked for hold it.
+    pub async fn join(
+        &self,
+        event: i64,
+        account: &str,
+        floor: u64,
+        payment: Option<&Payment>,
+    ) -> Result<Joined, StoreError> {
         let mut inv = self.script(&self.scripts.join, event);
         inv.arg(account).arg(floor);
+        match payment {
+            Some(paid) => inv.arg(&paid.nonce).arg(paid.expires_at_ms),
+            None => inv.arg("").arg(0),
+        };
         let mut conn = self.conn.clone();
         let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
         let joined = match p.first().map(String::as_str) {
@@ -440,6 +456,8 @@ impl QueueStore {
             Some("opening") => Joined::Opening,
             Some("pre") => Joined::Prequeue { count: number(&p, 1)? },
             Some("place") => Joined::Place { place: number(&p, 1)?, head: number(&p, 2)?, fresh: number(&p, 3)? == 1 },
+            Some("challenge") => Joined::ChallengeRequired,
+            Some("spent") => Joined::Spent,
             _ => return Err(StoreError::Reply(p.join(" "))),
         };
         // A place given earlier is waited for too: the answer that gave it may have been refused unreplicated.
@@ -657,6 +675,15 @@ impl QueueStore {
         fields.extend(numbers.iter().filter_map(|(name, v)| v.map(|v| (*name, v.to_string()))));
         if let Some(at) = patch.opens_at {
             fields.push(("opens_at", (at * 1000).to_string()));
+        }
+        if let Some(mode) = patch.challenge {
+            fields.push(("challenge", mode.as_str().to_owned()));
+        }
+        if let Some(difficulty) = patch.challenge_difficulty {
+            fields.push(("challenge_difficulty", difficulty.to_string()));
+        }
+        if let Some(held) = patch.infinite_queue_for_failed {
+            fields.push(("infinite_queue_for_failed", u8::from(held).to_string()));
         }
         if !fields.is_empty() {
             pipe.hset_multiple(&settings_key, &fields).ignore();

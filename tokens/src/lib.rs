@@ -117,11 +117,16 @@ pub struct TicketClaims {
     pub sub: AccountId,
     pub evt: i64,
     /// The place in the queue, from 1; 0 while the fan waits in the pre-queue (places are drawn at opening).
+    /// On a held ticket: the position it shows, for ever.
     pub place: u64,
     pub aud: String,
     pub iss: String,
     pub iat: u64,
     pub exp: u64,
+    /// Given for a forged or spent proof of work in a room that holds such clients in an endless queue: the
+    /// ticket's holder waits for a turn that never comes and holds no place.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 impl TicketClaims {
@@ -135,6 +140,7 @@ impl TicketClaims {
             iss: ADMISSION_ISSUER.to_owned(),
             iat: now,
             exp: now + ttl_seconds,
+            held: false,
         }
     }
 }

@@ -6,7 +6,7 @@ use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
 use crate::config::{AdminAction, AdminArgs};
-use crate::room::{QueueState, SettingsPatch};
+use crate::room::{ChallengeMode, QueueState, SettingsPatch};
 
 /// Runs one admin command to completion.
 pub fn run(args: AdminArgs) -> anyhow::Result<()> {
@@ -42,6 +42,9 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
             session_seconds,
             abandon_after_seconds,
             opens_at: at,
+            challenge,
+            challenge_difficulty,
+            infinite_queue_for_failed,
         } => {
             let state = match state {
                 Some(s) => Some(
@@ -56,6 +59,12 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
                 session_seconds: *session_seconds,
                 abandon_after_seconds: *abandon_after_seconds,
                 opens_at: at.as_deref().map(opens_at).transpose()?,
+                challenge: match challenge {
+                    Some(c) => Some(ChallengeMode::parse(c).with_context(|| format!("--challenge {c}: on or off"))?),
+                    None => None,
+                },
+                challenge_difficulty: *challenge_difficulty,
+                infinite_queue_for_failed: *infinite_queue_for_failed,
             };
             (*event, client.put(format!("{base}/admin/events/{event}")).json(&patch))
         }

@@ -23,7 +23,7 @@ use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
-use crate::room::{Freshness, QueueState, Rooms, Settings, SettingsPatch};
+use crate::room::{ChallengeMode, Freshness, QueueState, Rooms, Settings, SettingsPatch};
 use crate::store::{LazyStore, StateChange};
 
 /// The admin service.
@@ -146,6 +146,12 @@ pub struct RoomView {
     /// Every seat left is held (the gateway sets it from booking's availability): nobody is admitted until
     /// some come back.
     pub all_held: bool,
+    /// `on`: a new place costs a solved proof-of-work challenge.
+    pub challenge: ChallengeMode,
+    /// The most hashes a challenge takes (half on average).
+    pub challenge_difficulty: u32,
+    /// Forged or spent solutions are answered as a waiting fan that never advances.
+    pub infinite_queue_for_failed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveView>,
     /// PUT only: pre-queue places drawn by this change.
@@ -165,6 +171,9 @@ impl RoomView {
             opens_at: s.opens_at_ms.map(|ms| ms / 1000),
             version: s.version,
             all_held: s.all_held,
+            challenge: s.challenge,
+            challenge_difficulty: s.challenge_difficulty,
+            infinite_queue_for_failed: s.infinite_queue_for_failed,
             live: None,
             drawn: None,
         }

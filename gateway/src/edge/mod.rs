@@ -40,6 +40,8 @@ use crate::upstreams::Upstreams;
 
 /// The waiting-room page: a static shell (cacheable by a CDN); live numbers come from the status endpoint.
 const PAGE: &str = include_str!("../queue.html");
+/// The page's proof-of-work worker (a room whose challenge is on), static and cacheable like the page.
+const SOLVER: &str = include_str!("../solver.js");
 
 /// The page's Content-Security-Policy: its own inline script and style, by hash, and nothing else; requests to
 /// this origin only; never framed (no clickjacking of "join").
@@ -52,7 +54,7 @@ static PAGE_POLICY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     };
     format!(
         "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self'; \
-         base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+         worker-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
         hash("<script>", "</script>"),
         hash("<style>", "</style>")
     )
@@ -275,7 +277,7 @@ impl Edge {
         let method = req.method.as_str();
         let (event, allowed) = match *route {
             Route::QueueJoin(e) => (e, "POST"),
-            Route::QueueStatus(e) | Route::QueuePage(e) | Route::QueueSignin(e) => (e, "GET"),
+            Route::QueueStatus(e) | Route::QueuePage(e) | Route::QueueSignin(e) | Route::QueueSolver(e) => (e, "GET"),
             _ => return Reply::error(404, "not_found", "no such route"),
         };
         if method != allowed && !(allowed == "GET" && method == "HEAD") {
@@ -299,13 +301,28 @@ impl Edge {
                 body: Bytes::from_static(PAGE.as_bytes()),
             };
         }
+        if let Route::QueueSolver(_) = route {
+            return Reply {
+                status: 200,
+                headers: vec![
+                    ("content-type", "text/javascript; charset=utf-8".into()),
+                    ("cache-control", "public, max-age=300".into()),
+                    ("content-security-policy", "default-src 'none'".into()),
+                    ("x-content-type-options", "nosniff".into()),
+                ],
+                body: Bytes::from_static(SOLVER.as_bytes()),
+            };
+        }
         if let Err(refusal) = self.check_ip(session) {
             return refusal;
         }
         let authorization = header(req, &AUTHORIZATION);
         let cookies = headers(req, &COOKIE);
         match route {
-            Route::QueueJoin(_) => self.queue.join(event, authorization, &cookies).await,
+            Route::QueueJoin(_) => {
+                let altcha = req.headers.get(crate::gate::HEADER).and_then(|v| v.to_str().ok());
+                self.queue.join(event, authorization, &cookies, altcha).await
+            }
             Route::QueueSignin(_) => self.queue.signin(event, req.uri.query()).await,
             // The page's URL answers JSON to a client that asks for it: caches key on Accept.
             Route::QueuePage(_) => {
@@ -488,9 +505,11 @@ impl Edge {
             Route::Health => Some(Reply::json(200, &serde_json::json!({ "status": "ok" }))),
             Route::Unknown => Some(Reply::error(404, "not_found", "no such route")),
             Route::BadEventId => Some(Reply::error(400, "invalid_path", "event_id must be a positive integer")),
-            Route::QueuePage(_) | Route::QueueJoin(_) | Route::QueueStatus(_) | Route::QueueSignin(_) => {
-                Some(Box::pin(self.queue(session, &route)).await)
-            }
+            Route::QueuePage(_)
+            | Route::QueueJoin(_)
+            | Route::QueueStatus(_)
+            | Route::QueueSignin(_)
+            | Route::QueueSolver(_) => Some(Box::pin(self.queue(session, &route)).await),
             Route::MapStream(event) => {
                 let refusal = Box::pin(self.map_stream(session, event)).await;
                 ctx.streamed = refusal.is_none();

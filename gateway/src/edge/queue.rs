@@ -9,8 +9,10 @@ use serde_json::json;
 use tokens::{AccountId, AdmissionClaims, Keyring, TicketClaims, TokenError, unix_now};
 
 use super::reply::Reply;
-use crate::room::{self, Freshness, QueueState, Rooms, Standing};
-use crate::store::{Joined, LazyStore, Stepped};
+use crate::gate::Gate;
+use crate::metrics::record_gate;
+use crate::room::{self, ChallengeMode, Freshness, QueueState, Rooms, Standing};
+use crate::store::{Joined, LazyStore, QueueStore, Stepped};
 
 /// Cookie carrying the platform's account token for browsers (set by the platform's login, `HttpOnly`; or by
 /// the demo sign-in). The gateway never takes an account from a URL: a link that signed its reader in would
@@ -134,6 +136,8 @@ pub struct Queue {
     pub accounts: Keyring,
     pub rooms: Arc<Rooms>,
     pub store: LazyStore,
+    /// Issues and checks the proof-of-work challenges of rooms whose `challenge` is on.
+    pub gate: Gate,
     pub options: QueueOptions,
 }
 
@@ -208,8 +212,9 @@ impl Queue {
             .header("referrer-policy", "no-referrer".into())
     }
 
-    /// `POST /queue/{event}/join` with an account token.
-    pub async fn join(&self, event: i64, authorization: Option<&str>, cookies: &[&str]) -> Reply {
+    /// `POST /queue/{event}/join` with an account token, and while the room's challenge is on, a solved
+    /// challenge in the `altcha` field (`crate::gate`).
+    pub async fn join(&self, event: i64, authorization: Option<&str>, cookies: &[&str], altcha: Option<&str>) -> Reply {
         let Some(token) = bearer(authorization).or_else(|| tokens::cookie(cookies.iter().copied(), ACCOUNT_COOKIE))
         else {
             return Reply::error(401, "account_required", "joining needs an account token (Authorization: Bearer)");
@@ -220,7 +225,28 @@ impl Queue {
             Err(e) => return Reply::error(401, "account_invalid", &format!("the account token is not valid: {e}")),
         };
         let Ok(store) = self.store.get() else { return Reply::unavailable() };
-        let mut joined = store.join(event, account.as_str(), self.rooms.floor(event)).await;
+        let settings = self.settings(store, event).await;
+        let gated = settings.as_ref().is_some_and(|s| s.challenge == ChallengeMode::On);
+        // A solution is checked here, in process; that it was not spent before, Redis says as it gives the
+        // place. One sent to a room without a challenge is ignored.
+        let payment = match altcha.map(|field| self.gate.check(field, event, account.as_str())) {
+            Some(Ok(paid)) => Some(paid),
+            Some(Err(failure)) if gated => {
+                record_gate(failure.code().trim_start_matches("challenge_"));
+                if !failure.is_forgery() {
+                    return self.challenge(
+                        event,
+                        &account,
+                        settings.as_ref(),
+                        "challenge_expired",
+                        &failure.to_string(),
+                    );
+                }
+                return self.failed(event, &account, settings.as_ref(), failure.code(), &failure.to_string());
+            }
+            _ => None,
+        };
+        let mut joined = store.join(event, account.as_str(), self.rooms.floor(event), payment.as_ref()).await;
         if matches!(joined, Ok(Joined::Opening)) {
             // The pre-queue's opening time has passed and no ticker has opened it yet: open it (the script
             // does nothing if another node just did), then join as a live fan.
@@ -228,7 +254,7 @@ impl Queue {
             if store.set_state(event, QueueState::Open, seed, Some(QueueState::Prequeue)).await.is_err() {
                 return Reply::unavailable();
             }
-            joined = store.join(event, account.as_str(), self.rooms.floor(event)).await;
+            joined = store.join(event, account.as_str(), self.rooms.floor(event), payment.as_ref()).await;
         }
         let joined = match joined {
             Ok(joined) => joined,
@@ -237,8 +263,23 @@ impl Queue {
                 return Reply::unavailable();
             }
         };
+        if payment.is_some() && matches!(joined, Joined::Place { .. } | Joined::Prequeue { .. }) {
+            record_gate("solved");
+        }
         match joined {
             Joined::Unknown => Reply::error(404, "queue_not_found", "this event has no waiting room"),
+            Joined::ChallengeRequired => self.challenge(
+                event,
+                &account,
+                settings.as_ref(),
+                "challenge_required",
+                "this waiting room asks for a solved proof-of-work challenge to join: solve this one and join \
+                 again with the solution in the `altcha` field",
+            ),
+            Joined::Spent => {
+                record_gate("spent");
+                self.failed(event, &account, settings.as_ref(), "challenge_spent", "that solution was already used")
+            }
             // Still opening after our own attempt to open it: a moment's race; the fan retries.
             Joined::Opening => Reply::unavailable(),
             Joined::Closed(state) => closed(state),
@@ -256,9 +297,62 @@ impl Queue {
         }
     }
 
+    /// The room's settings as this node sees them, or as Redis has them for a room made a moment ago.
+    async fn settings(&self, store: &QueueStore, event: i64) -> Option<room::Settings> {
+        match self.rooms.get(event) {
+            Some(room) => Some(room.live.settings.clone()),
+            None => store.settings(event).await.ok().flatten(),
+        }
+    }
+
+    /// 428 with a new challenge for `account` to join `event`'s queue.
+    fn challenge(
+        &self,
+        event: i64,
+        account: &AccountId,
+        settings: Option<&room::Settings>,
+        code: &str,
+        message: &str,
+    ) -> Reply {
+        let difficulty = settings.map_or(room::Settings::DEFAULT.challenge_difficulty, |s| s.challenge_difficulty);
+        let challenge = self.gate.issue(event, account.as_str(), difficulty, unix_now());
+        record_gate("issued");
+        let details = json!({ "challenge": challenge, "difficulty": difficulty, "field": crate::gate::HEADER });
+        Reply::error_with(428, code, message, details)
+    }
+
+    /// The answer to a forged or spent solution: a refusal, or in a room that holds such clients in an endless
+    /// queue, a waiting fan's answer whose ticket never advances (it holds no place).
+    fn failed(
+        &self,
+        event: i64,
+        account: &AccountId,
+        settings: Option<&room::Settings>,
+        code: &str,
+        message: &str,
+    ) -> Reply {
+        let Some(settings) = settings.filter(|s| s.infinite_queue_for_failed) else {
+            let status = match code {
+                "challenge_malformed" => 400,
+                "challenge_spent" => 409,
+                _ => 403,
+            };
+            return Reply::error(status, code, message);
+        };
+        record_gate("held");
+        // At the back of the line as this node knows it (its view, and the places it gave since).
+        let head = self.rooms.get(event).map_or(0, |room| room.live.counts.head);
+        let position = self.rooms.floor(event).saturating_sub(head) + 1;
+        let mut claims =
+            TicketClaims::new(account.clone(), event, position, unix_now(), self.options.ticket_ttl_seconds);
+        claims.held = true;
+        let ticket = self.admission.sign(&claims);
+        self.with_ticket(self.waiting(event, settings, position), event, &ticket).into()
+    }
+
     async fn placed_body(
         &self,
-        store: &crate::store::QueueStore,
+        store: &QueueStore,
         event: i64,
         account: &AccountId,
         place: u64,
@@ -430,6 +524,15 @@ impl Queue {
             Err(Freshness::Unknown) => return Reply::error(404, "queue_not_found", "this event has no waiting room"),
             Err(Freshness::Stale) => return Reply::unavailable(),
         };
+        if ticket.held {
+            // Held in the endless queue: the same position for ever, paced like any other, and no place to
+            // keep alive.
+            let settings = &room.live.settings;
+            if let Some(reply) = closed_for_waiting(event, settings, 0, room.live.counts.head) {
+                return reply;
+            }
+            return self.waiting(event, settings, ticket.place).into();
+        }
         self.rooms.seen(event, ticket.sub.as_str());
         if let Some(reply) = closed_for_waiting(event, &room.live.settings, ticket.place, room.live.counts.head) {
             return reply;

@@ -25,6 +25,8 @@ pub enum Route {
     QueueStatus(i64),
     /// `/queue/{id}/signin`: the demo sign-in (`GATEWAY_DEV_SIGNIN` only).
     QueueSignin(i64),
+    /// `/queue/{id}/solver.js`: the page's proof-of-work worker.
+    QueueSolver(i64),
     /// `/events/{x}...` or `/queue/{x}...` where x is not a positive integer.
     BadEventId,
     /// Anything else.
@@ -67,6 +69,7 @@ pub fn route(path: &str) -> Route {
         Some("join") => Route::QueueJoin(event),
         Some("status") => Route::QueueStatus(event),
         Some("signin") => Route::QueueSignin(event),
+        Some("solver.js") => Route::QueueSolver(event),
         Some(_) => Route::Unknown,
     }
 }
@@ -141,6 +144,7 @@ mod tests {
         assert_eq!(route("/queue/3"), Route::QueuePage(3));
         assert_eq!(route("/queue/3/"), Route::Unknown);
         assert_eq!(route("/queue/3/join"), Route::QueueJoin(3));
+        assert_eq!(route("/queue/3/solver.js"), Route::QueueSolver(3));
         assert_eq!(route("/queue/3/status"), Route::QueueStatus(3));
         assert_eq!(route("/queue/3/signin"), Route::QueueSignin(3));
         assert_eq!(route("/queue/3/other"), Route::Unknown);

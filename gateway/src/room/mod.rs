@@ -56,6 +56,36 @@ impl fmt::Display for QueueState {
     }
 }
 
+/// Whether a join must be paid for with a solved proof-of-work challenge (`crate::gate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChallengeMode {
+    /// A join needs an account token only.
+    Off,
+    /// A join that gives a new place carries a solved challenge, single use, bound to the room and the account.
+    On,
+}
+
+impl ChallengeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChallengeMode::Off => "off",
+            ChallengeMode::On => "on",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "off" => Some(ChallengeMode::Off),
+            "on" => Some(ChallengeMode::On),
+            _ => None,
+        }
+    }
+}
+
+/// Bounds of a challenge's difficulty: the most hashes one can take (a solver needs half of it on average).
+pub const DIFFICULTY_RANGE: (u32, u32) = (1_000, 100_000_000);
+
 /// An event's waiting-room settings, as operators set them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Settings {
@@ -75,6 +105,13 @@ pub struct Settings {
     /// Every seat left is held (set by the gateway from booking's availability, like `sold_out`): nobody is
     /// admitted until some come back.
     pub all_held: bool,
+    /// Whether a new place costs a solved challenge.
+    pub challenge: ChallengeMode,
+    /// The most hashes a challenge can take to solve (uniform: half of it on average).
+    pub challenge_difficulty: u32,
+    /// A client that sends a forged or spent solution is answered as a waiting fan whose place never comes,
+    /// rather than refused (it learns nothing to adapt to).
+    pub infinite_queue_for_failed: bool,
 }
 
 impl Settings {
@@ -88,10 +125,13 @@ impl Settings {
         opens_at_ms: None,
         version: 0,
         all_held: false,
+        challenge: ChallengeMode::Off,
+        challenge_difficulty: 100_000,
+        infinite_queue_for_failed: false,
     };
 
     /// The Redis hash's fields, as [`Self::from_hash`] reads them.
-    pub fn fields(&self) -> [(&'static str, String); 8] {
+    pub fn fields(&self) -> [(&'static str, String); 11] {
         [
             ("state", self.state.as_str().to_owned()),
             ("admit_per_minute", self.admit_per_minute.to_string()),
@@ -101,6 +141,9 @@ impl Settings {
             ("opens_at", self.opens_at_ms.unwrap_or(0).to_string()),
             ("version", self.version.to_string()),
             ("all_held", u8::from(self.all_held).to_string()),
+            ("challenge", self.challenge.as_str().to_owned()),
+            ("challenge_difficulty", self.challenge_difficulty.to_string()),
+            ("infinite_queue_for_failed", u8::from(self.infinite_queue_for_failed).to_string()),
         ]
     }
 
@@ -117,6 +160,10 @@ impl Settings {
             opens_at_ms: num("opens_at").filter(|&ms| ms > 0),
             version: num("version").unwrap_or(0),
             all_held: num("all_held") == Some(1),
+            // A room made before the gate existed has none of its fields: it has no challenge.
+            challenge: hash.get("challenge").map_or(Some(ChallengeMode::Off), |c| ChallengeMode::parse(c))?,
+            challenge_difficulty: small("challenge_difficulty").unwrap_or(Settings::DEFAULT.challenge_difficulty),
+            infinite_queue_for_failed: num("infinite_queue_for_failed") == Some(1),
         })
     }
 }
@@ -142,6 +189,13 @@ pub struct SettingsPatch {
     /// Unix seconds; 0 clears it.
     #[schema(maximum = 4_102_444_800_u64)]
     pub opens_at: Option<u64>,
+    /// `on`: a new place costs a solved proof-of-work challenge; `off`: an account token is enough.
+    pub challenge: Option<ChallengeMode>,
+    /// The most hashes a challenge can take, 1,000 to 100,000,000 (a solver needs half on average).
+    #[schema(minimum = 1_000, maximum = 100_000_000)]
+    pub challenge_difficulty: Option<u32>,
+    /// Answer forged or spent solutions as a waiting fan that never advances, instead of refusing them.
+    pub infinite_queue_for_failed: Option<bool>,
 }
 
 /// Why a settings change was refused (a 422 with this code).
@@ -174,11 +228,13 @@ impl SettingsPatch {
         if self.state == Some(QueueState::SoldOut) {
             return Err(PatchError::SoldOutIsNotSettable);
         }
-        let ranges: [(&'static str, Option<u32>, u64, u64); 4] = [
+        let (easiest, hardest) = DIFFICULTY_RANGE;
+        let ranges: [(&'static str, Option<u32>, u64, u64); 5] = [
             ("admit_per_minute", self.admit_per_minute, 1, 1_000_000),
             ("max_active", self.max_active, 1, 10_000_000),
             ("session_seconds", self.session_seconds, 10, 86_400),
             ("abandon_after_seconds", self.abandon_after_seconds, 5, 86_400),
+            ("challenge_difficulty", self.challenge_difficulty, easiest.into(), hardest.into()),
         ];
         for (field, value, min, max) in ranges {
             if let Some(v) = value

@@ -273,6 +273,12 @@ impl GatewayProcess {
         self.send(req).await
     }
 
+    /// `POST /queue/{event}/join` as `account`, paying with a solved challenge (the `altcha` field).
+    pub async fn join_paying(&self, event: i64, account: &str, altcha: &str) -> Reply {
+        let req = self.client.post(format!("{}/queue/{event}/join", self.base)).bearer_auth(account_token(account));
+        self.send(req.header(gateway::gate::HEADER, altcha)).await
+    }
+
     /// `GET /queue/{event}/status` with a ticket.
     pub async fn status(&self, event: i64, ticket: &str) -> Reply {
         self.send(self.client.get(format!("{}/queue/{event}/status", self.base)).bearer_auth(ticket)).await

@@ -2,6 +2,7 @@
 //! upstream that counts what reaches it, against the real Redis of the local stack.
 
 mod edge;
+mod gate;
 mod harness;
 mod limits;
 mod proxy;

@@ -1,0 +1,197 @@
+//! The gate: with a room's challenge on, a new place costs a solved proof of work, single use and bound to the
+//! room and the account; forged and spent solutions are refused, or held in an endless queue.
+
+use std::time::{Duration, Instant};
+
+use altcha::{Challenge, SolveChallengeOptions};
+use futures::future::join_all;
+use gateway::gate::{CHALLENGE_LIFETIME, Gate, payload_field};
+use serde_json::json;
+use tokens::{Keyring, unix_now};
+
+use crate::harness::*;
+
+/// Solves a challenge as a client would, from the JSON the gateway sent.
+fn solve(challenge: &serde_json::Value) -> String {
+    let challenge: Challenge = serde_json::from_value(challenge.clone()).expect("an ALTCHA challenge");
+    let solution = altcha::solve_challenge(SolveChallengeOptions::new(&challenge)).expect("solvable").expect("in time");
+    payload_field(&challenge, &solution)
+}
+
+/// Asks for a challenge (a join without one) and solves it.
+async fn solved(node: &GatewayProcess, event: i64, account: &str) -> String {
+    let asked = node.join(event, account).await;
+    assert_eq!((asked.status, asked.code()), (428, "challenge_required"), "{}", asked.text);
+    solve(&asked.body["challenge"])
+}
+
+async fn gated_room(node: &GatewayProcess, event: i64, settings: serde_json::Value) {
+    let mut all = json!({"challenge": "on", "challenge_difficulty": 2000, "admit_per_minute": 600});
+    all.as_object_mut().expect("object").extend(settings.as_object().expect("object").clone());
+    node.configure(event, all).await;
+    node.wait_for_room(event).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_room_asks_for_work_and_each_solution_pays_for_one_place_once() {
+    let upstream = Upstream::start().await;
+    let p = prefix();
+    let a = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let b = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let event = 301;
+    gated_room(&a, event, json!({"state": "paused"})).await;
+    let room = a.room(event).await;
+    assert_eq!((room.body["challenge"].as_str(), room.body["challenge_difficulty"].as_u64()), (Some("on"), Some(2000)));
+
+    // No solution: 428 with the challenge, its difficulty and where the solution goes.
+    let asked = a.join(event, "fan-1").await;
+    assert_eq!((asked.status, asked.code()), (428, "challenge_required"), "{}", asked.text);
+    assert_eq!((asked.body["difficulty"].as_u64(), asked.body["field"].as_str()), (Some(2000), Some("altcha")));
+    assert_eq!(asked.body["challenge"]["parameters"]["algorithm"], "SHA-256");
+    let paid = solve(&asked.body["challenge"]);
+
+    // Solved: a place, on the other node too (every node shares the gate's secrets).
+    let joined = b.join_paying(event, "fan-1", &paid).await;
+    assert_eq!(joined.status, 200, "{}", joined.text);
+    assert_eq!(joined.place(), 1);
+    // The same solution again, on either node: spent.
+    for node in [&a, &b] {
+        let again = node.join_paying(event, "fan-1", &paid).await;
+        assert_eq!((again.status, again.code()), (409, "challenge_spent"), "{}", again.text);
+    }
+    // Joining again without one returns the place the account holds: a reload costs no new work.
+    let reload = a.join(event, "fan-1").await;
+    assert_eq!((reload.status, reload.place()), (200, 1), "{}", reload.text);
+
+    // Another account's solution, or one for another room, pays for nothing.
+    let theirs = solved(&a, event, "fan-2").await;
+    let stolen = a.join_paying(event, "fan-3", &theirs).await;
+    assert_eq!((stolen.status, stolen.code()), (403, "challenge_not_yours"), "{}", stolen.text);
+    gated_room(&a, event + 1, json!({"state": "paused"})).await;
+    let elsewhere = a.join_paying(event + 1, "fan-2", &theirs).await;
+    assert_eq!((elsewhere.status, elsewhere.code()), (403, "challenge_not_yours"), "{}", elsewhere.text);
+    // ... and was not spent by those refusals: fan-2 still joins with it.
+    assert_eq!(a.join_paying(event, "fan-2", &theirs).await.place(), 2);
+
+    // A forged key, a challenge from another deployment, garbage.
+    let asked = a.join(event, "fan-4").await;
+    let mut forged: serde_json::Value = asked.body["challenge"].clone();
+    let solution = json!({"counter": 7, "derivedKey": "00".repeat(32)});
+    let field = base64_json(&json!({"challenge": forged.take(), "solution": solution}));
+    let refused = a.join_paying(event, "fan-4", &field).await;
+    assert_eq!((refused.status, refused.code()), (403, "challenge_failed"), "{}", refused.text);
+    let foreign =
+        Gate::new(b"another deployment's admission secret, 32+ bytes").issue(event, "fan-4", 1000, unix_now());
+    let foreign = payload_field(&foreign, &solve_local(&foreign));
+    assert_eq!(a.join_paying(event, "fan-4", &foreign).await.code(), "challenge_failed");
+    let garbage = a.join_paying(event, "fan-4", "bm90IGpzb24=").await;
+    assert_eq!((garbage.status, garbage.code()), (400, "challenge_malformed"), "{}", garbage.text);
+
+    // An expired challenge is no forgery: the answer is a new one.
+    let gate = Gate::from_keyring_spec(KEYS);
+    let old = gate.issue(event, "fan-4", 1000, unix_now() - CHALLENGE_LIFETIME.as_secs() - 5);
+    let late = a.join_paying(event, "fan-4", &payload_field(&old, &solve_local(&old))).await;
+    assert_eq!((late.status, late.code()), (428, "challenge_expired"), "{}", late.text);
+    assert!(late.body["challenge"]["signature"].is_string(), "{}", late.text);
+
+    // Turned off, live: an account token is enough again.
+    b.configure(event, json!({"challenge": "off"})).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let open = a.join(event, "fan-5").await;
+        if open.status == 200 {
+            assert_eq!(open.place(), 3);
+            break;
+        }
+        assert_eq!(open.status, 428, "{}", open.text);
+        assert!(Instant::now() < deadline, "the challenge stayed on");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Each node counts what its gate did: four challenges issued (fan-1, fan-2, fan-4, and the expired one's
+    // replacement), and every refusal by its kind.
+    let counts =
+        [("issued", 4), ("solved", 2), ("spent", 2), ("not_yours", 2), ("failed", 2), ("malformed", 1), ("expired", 1)];
+    for (outcome, expected) in counts {
+        let series = format!("gateway_gate_total{{outcome=\"{outcome}\"}}");
+        let counted = a.metric(&series).await.unwrap_or(0) + b.metric(&series).await.unwrap_or(0);
+        assert_eq!(counted, expected, "{outcome}");
+    }
+}
+
+fn base64_json(value: &serde_json::Value) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(value.to_string())
+}
+
+fn solve_local(challenge: &Challenge) -> altcha::Solution {
+    altcha::solve_challenge(SolveChallengeOptions::new(challenge)).expect("solvable").expect("in time")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_solution_sent_twenty_times_at_once_through_two_nodes_buys_one_place() {
+    let upstream = Upstream::start().await;
+    let p = prefix();
+    let a = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let b = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let event = 311;
+    gated_room(&a, event, json!({"state": "paused"})).await;
+    b.wait_for_room(event).await;
+    let paid = solved(&a, event, "fan-1").await;
+    // The same account, so that a spent solution and a place already held cannot be told apart by the place:
+    // only the script's spent set refuses the copies.
+    let replies =
+        join_all((0..20).map(|i| if i % 2 == 0 { &a } else { &b }).map(|n| n.join_paying(event, "fan-1", &paid))).await;
+    let placed = replies.iter().filter(|r| r.status == 200).count();
+    let spent = replies.iter().filter(|r| r.status == 409 && r.code() == "challenge_spent").count();
+    assert_eq!((placed, spent), (1, 19), "{:?}", replies.iter().map(|r| &r.text).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_infinite_queue_on_a_forger_waits_for_a_turn_that_never_comes() {
+    let upstream = Upstream::start().await;
+    let p = prefix();
+    let gw = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let event = 321;
+    gated_room(&gw, event, json!({"state": "paused", "infinite_queue_for_failed": true, "admit_per_minute": 60000}))
+        .await;
+    // Two honest fans ahead, then a forger.
+    for fan in ["fan-1", "fan-2"] {
+        let paid = solved(&gw, event, fan).await;
+        assert_eq!(gw.join_paying(event, fan, &paid).await.status, 200);
+    }
+    let asked = gw.join(event, "bot-1").await;
+    let forged = base64_json(
+        &json!({"challenge": asked.body["challenge"], "solution": {"counter": 1, "derivedKey": "ab".repeat(32)}}),
+    );
+    let held = gw.join_paying(event, "bot-1", &forged).await;
+    assert_eq!((held.status, held.body["state"].as_str()), (200, Some("paused")), "{}", held.text);
+    let ticket = held.ticket();
+    let claims = Keyring::parse(KEYS).expect("keys").verify_ticket(&ticket).expect("a ticket");
+    assert!(claims.held, "{claims:?}");
+    // At the back of the line, behind the two honest fans.
+    let position = held.body["position"].as_u64().expect("a position");
+    assert_eq!(position, 3, "{}", held.text);
+    // The honest fans are admitted; the forger keeps its position, polled like any fan, and is never admitted.
+    gw.configure(event, json!({"state": "open"})).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let fans = ["fan-1", "fan-2"];
+    loop {
+        let admitted = join_all(fans.iter().map(|f| gw.join(event, f))).await;
+        if admitted.iter().all(|r| r.body["state"] == "admitted") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the honest fans were not admitted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for _ in 0..3 {
+        let poll = gw.status(event, &ticket).await;
+        assert_eq!((poll.status, poll.body["state"].as_str()), (200, Some("waiting")), "{}", poll.text);
+        assert_eq!(poll.body["position"].as_u64(), Some(position), "{}", poll.text);
+        assert!(poll.body["admission_token"].is_null());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(gw.metric("gateway_gate_total{outcome=\"held\"}").await.unwrap_or(0) >= 1);
+    // A held ticket took no place: the next honest fan is third, not fourth.
+    let paid = solved(&gw, event, "fan-3").await;
+    assert_eq!(gw.join_paying(event, "fan-3", &paid).await.place(), 3);
+}
