@@ -126,7 +126,7 @@ impl Settings {
         version: 0,
         all_held: false,
         challenge: ChallengeMode::Off,
-        challenge_difficulty: 100_000,
+        challenge_difficulty: 60_000,
         infinite_queue_for_failed: false,
     };
 
