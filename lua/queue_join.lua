@@ -3,7 +3,7 @@
 -- KEYS (the same sixteen for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
---                                                   challenge (on: a new place costs a solved challenge)
+--                                                   challenge (on, auto: a new place costs a solved challenge)
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
 --   3 head (counter)      <p>queue:{evE}:head      the last place the admission step has passed
 --   4 places (hash)       <p>queue:{evE}:places    account -> place
@@ -47,7 +47,7 @@ if state == 'closed' or state == 'sold_out' then
   return {'closed', state}
 end
 local account = ARGV[1]
-local gated = s[4] == 'on'
+local gated = s[4] == 'on' or s[4] == 'auto'
 local nonce = ARGV[3] or ''
 if state == 'prequeue' then
   local opens = tonumber(s[3] or '0') or 0

@@ -255,12 +255,22 @@ pub enum AdminAction {
         /// When the pre-queue opens: Unix seconds, `+N` for N seconds from now, or 0 to clear.
         #[arg(long)]
         opens_at: Option<String>,
-        /// on: a new place costs a solved proof-of-work challenge; off: an account token is enough.
+        /// on: a new place costs a solved proof-of-work challenge; auto: the same, at a difficulty that
+        /// follows the surge; off: an account token is enough.
         #[arg(long)]
         challenge: Option<String>,
-        /// The most hashes a challenge can take (a solver needs half on average).
+        /// The most hashes a challenge can take (a solver needs half on average); auto starts from it.
         #[arg(long)]
         challenge_difficulty: Option<u32>,
+        /// auto's lowest difficulty.
+        #[arg(long)]
+        challenge_min_difficulty: Option<u32>,
+        /// auto's highest difficulty.
+        #[arg(long)]
+        challenge_max_difficulty: Option<u32>,
+        /// How often auto decides, in seconds.
+        #[arg(long)]
+        challenge_window_seconds: Option<u32>,
         /// true: forged or spent solutions are answered as a waiting fan that never advances.
         #[arg(long)]
         infinite_queue_for_failed: Option<bool>,

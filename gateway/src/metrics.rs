@@ -18,7 +18,7 @@ pub fn record_room(event: i64, live: &Live) {
     set("waiting_room_admissions_per_minute", live.admitted_last_minute as f64);
     set("waiting_room_abandoned_total", live.counts.abandoned_total as f64);
     set("waiting_room_admit_per_minute_setting", f64::from(live.settings.admit_per_minute));
-    let challenged = live.settings.challenge == crate::room::ChallengeMode::On;
+    let challenged = live.settings.challenge != crate::room::ChallengeMode::Off;
     set(
         "waiting_room_challenge_difficulty",
         if challenged { f64::from(live.settings.challenge_difficulty) } else { 0.0 },

@@ -174,6 +174,7 @@ struct Scripts {
     set_state: Script,
     touch: Script,
     nodes: Script,
+    tune: Script,
 }
 
 impl Scripts {
@@ -184,6 +185,7 @@ impl Scripts {
             set_state: Script::new(include_str!("../../lua/queue_set_state.lua")),
             touch: Script::new(include_str!("../../lua/queue_touch.lua")),
             nodes: Script::new(include_str!("../../lua/gateway_nodes.lua")),
+            tune: Script::new(include_str!("../../lua/queue_tune_challenge.lua")),
         }
     }
 }
@@ -467,6 +469,24 @@ impl QueueStore {
         Ok(joined)
     }
 
+    /// The `auto` challenge's step (`lua/queue_tune_challenge.lua`): the difficulty in force after it, when the
+    /// room's challenge is `auto`.
+    pub async fn tune_challenge(&self, event: i64) -> Result<Option<u64>, StoreError> {
+        let inv = self.script(&self.scripts.tune, event);
+        let mut conn = self.conn.clone();
+        let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
+        match p.first().map(String::as_str) {
+            Some("manual") => Ok(None),
+            Some("waiting") => Ok(Some(number(&p, 1)?)),
+            Some("tuned") => {
+                let difficulty = number(&p, 1)?;
+                tracing::debug!(event, difficulty, joins = %p[2], capacity = %p[3], "challenge difficulty decided");
+                Ok(Some(difficulty))
+            }
+            _ => Err(StoreError::Reply(p.join(" "))),
+        }
+    }
+
     /// One admission step (`lua/queue_admit.lua`).
     pub async fn admit(&self, event: i64, max_walk: u64, burst: Duration) -> Result<Stepped, StoreError> {
         let mut inv = self.script(&self.scripts.admit, event);
@@ -679,9 +699,13 @@ impl QueueStore {
         if let Some(mode) = patch.challenge {
             fields.push(("challenge", mode.as_str().to_owned()));
         }
-        if let Some(difficulty) = patch.challenge_difficulty {
-            fields.push(("challenge_difficulty", difficulty.to_string()));
-        }
+        let challenge_numbers = [
+            ("challenge_difficulty", patch.challenge_difficulty),
+            ("challenge_min_difficulty", patch.challenge_min_difficulty),
+            ("challenge_max_difficulty", patch.challenge_max_difficulty),
+            ("challenge_window_seconds", patch.challenge_window_seconds),
+        ];
+        fields.extend(challenge_numbers.iter().filter_map(|(name, v)| v.map(|v| (*name, v.to_string()))));
         if let Some(held) = patch.infinite_queue_for_failed {
             fields.push(("infinite_queue_for_failed", u8::from(held).to_string()));
         }

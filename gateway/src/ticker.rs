@@ -20,7 +20,7 @@ use pingora::services::background::BackgroundService;
 use tokens::{AccountId, AdmissionClaims, Keyring};
 
 use crate::limits::{Limits, NODE_ALIVE};
-use crate::room::{History, Live, QueueState, Room, Rooms};
+use crate::room::{ChallengeMode, History, Live, QueueState, Room, Rooms};
 use crate::store::{LazyStore, QueueStore, Stepped, StoreError};
 use crate::upstreams::Upstreams;
 
@@ -231,6 +231,10 @@ impl Ticker {
 
     /// One room's step and read; a quiet room is only read (its settings may have changed on another node).
     async fn tick_event(&self, store: &QueueStore, event: i64, quiet: bool) -> Result<(), StoreError> {
+        // A quiet room's difficulty comes down too.
+        if self.rooms.get(event).is_some_and(|r| r.live.settings.challenge == ChallengeMode::Auto) {
+            store.tune_challenge(event).await?;
+        }
         if quiet {
             return refresh(store, &self.rooms, event).await;
         }

@@ -44,6 +44,9 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
             opens_at: at,
             challenge,
             challenge_difficulty,
+            challenge_min_difficulty,
+            challenge_max_difficulty,
+            challenge_window_seconds,
             infinite_queue_for_failed,
         } => {
             let state = match state {
@@ -60,10 +63,15 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
                 abandon_after_seconds: *abandon_after_seconds,
                 opens_at: at.as_deref().map(opens_at).transpose()?,
                 challenge: match challenge {
-                    Some(c) => Some(ChallengeMode::parse(c).with_context(|| format!("--challenge {c}: on or off"))?),
+                    Some(c) => {
+                        Some(ChallengeMode::parse(c).with_context(|| format!("--challenge {c}: on, auto or off"))?)
+                    }
                     None => None,
                 },
                 challenge_difficulty: *challenge_difficulty,
+                challenge_min_difficulty: *challenge_min_difficulty,
+                challenge_max_difficulty: *challenge_max_difficulty,
+                challenge_window_seconds: *challenge_window_seconds,
                 infinite_queue_for_failed: *infinite_queue_for_failed,
             };
             (*event, client.put(format!("{base}/admin/events/{event}")).json(&patch))

@@ -148,8 +148,12 @@ pub struct RoomView {
     pub all_held: bool,
     /// `on`: a new place costs a solved proof-of-work challenge.
     pub challenge: ChallengeMode,
-    /// The most hashes a challenge takes (half on average).
+    /// The most hashes a challenge takes (half on average): with `auto`, the difficulty in force now.
     pub challenge_difficulty: u32,
+    /// `auto`'s bounds and how often it decides, in seconds.
+    pub challenge_min_difficulty: u32,
+    pub challenge_max_difficulty: u32,
+    pub challenge_window_seconds: u32,
     /// Forged or spent solutions are answered as a waiting fan that never advances.
     pub infinite_queue_for_failed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -173,6 +177,9 @@ impl RoomView {
             all_held: s.all_held,
             challenge: s.challenge,
             challenge_difficulty: s.challenge_difficulty,
+            challenge_min_difficulty: s.challenge_min_difficulty,
+            challenge_max_difficulty: s.challenge_max_difficulty,
+            challenge_window_seconds: s.challenge_window_seconds,
             infinite_queue_for_failed: s.infinite_queue_for_failed,
             live: None,
             drawn: None,

@@ -226,7 +226,7 @@ impl Queue {
         };
         let Ok(store) = self.store.get() else { return Reply::unavailable() };
         let settings = self.settings(store, event).await;
-        let gated = settings.as_ref().is_some_and(|s| s.challenge == ChallengeMode::On);
+        let gated = settings.as_ref().is_some_and(|s| s.challenge != ChallengeMode::Off);
         // A solution is checked here, in process; that it was not spent before, Redis says as it gives the
         // place. One sent to a room without a challenge is ignored.
         let payment = match altcha.map(|field| self.gate.check(field, event, account.as_str())) {

@@ -64,6 +64,8 @@ pub enum ChallengeMode {
     Off,
     /// A join that gives a new place carries a solved challenge, single use, bound to the room and the account.
     On,
+    /// As `on`, with the difficulty following the surge, within the room's bounds (`lua/queue_tune_challenge.lua`).
+    Auto,
 }
 
 impl ChallengeMode {
@@ -71,6 +73,7 @@ impl ChallengeMode {
         match self {
             ChallengeMode::Off => "off",
             ChallengeMode::On => "on",
+            ChallengeMode::Auto => "auto",
         }
     }
 
@@ -78,6 +81,7 @@ impl ChallengeMode {
         match raw {
             "off" => Some(ChallengeMode::Off),
             "on" => Some(ChallengeMode::On),
+            "auto" => Some(ChallengeMode::Auto),
             _ => None,
         }
     }
@@ -107,8 +111,15 @@ pub struct Settings {
     pub all_held: bool,
     /// Whether a new place costs a solved challenge.
     pub challenge: ChallengeMode,
-    /// The most hashes a challenge can take to solve (uniform: half of it on average).
+    /// The most hashes a challenge can take to solve (uniform: half of it on average). With `auto`, the
+    /// difficulty in force, which the tuning step moves.
     pub challenge_difficulty: u32,
+    /// `auto`'s bounds on the difficulty.
+    pub challenge_min_difficulty: u32,
+    pub challenge_max_difficulty: u32,
+    /// `auto` decides once per window: more joins in it than the room admits in that time, and the difficulty
+    /// doubles; fewer than half, and it halves. In seconds.
+    pub challenge_window_seconds: u32,
     /// A client that sends a forged or spent solution is answered as a waiting fan whose place never comes,
     /// rather than refused (it learns nothing to adapt to).
     pub infinite_queue_for_failed: bool,
@@ -127,11 +138,14 @@ impl Settings {
         all_held: false,
         challenge: ChallengeMode::Off,
         challenge_difficulty: 60_000,
+        challenge_min_difficulty: 60_000,
+        challenge_max_difficulty: 960_000,
+        challenge_window_seconds: 10,
         infinite_queue_for_failed: false,
     };
 
     /// The Redis hash's fields, as [`Self::from_hash`] reads them.
-    pub fn fields(&self) -> [(&'static str, String); 11] {
+    pub fn fields(&self) -> [(&'static str, String); 14] {
         [
             ("state", self.state.as_str().to_owned()),
             ("admit_per_minute", self.admit_per_minute.to_string()),
@@ -143,6 +157,9 @@ impl Settings {
             ("all_held", u8::from(self.all_held).to_string()),
             ("challenge", self.challenge.as_str().to_owned()),
             ("challenge_difficulty", self.challenge_difficulty.to_string()),
+            ("challenge_min_difficulty", self.challenge_min_difficulty.to_string()),
+            ("challenge_max_difficulty", self.challenge_max_difficulty.to_string()),
+            ("challenge_window_seconds", self.challenge_window_seconds.to_string()),
             ("infinite_queue_for_failed", u8::from(self.infinite_queue_for_failed).to_string()),
         ]
     }
@@ -163,6 +180,12 @@ impl Settings {
             // A room made before the gate existed has none of its fields: it has no challenge.
             challenge: hash.get("challenge").map_or(Some(ChallengeMode::Off), |c| ChallengeMode::parse(c))?,
             challenge_difficulty: small("challenge_difficulty").unwrap_or(Settings::DEFAULT.challenge_difficulty),
+            challenge_min_difficulty: small("challenge_min_difficulty")
+                .unwrap_or(Settings::DEFAULT.challenge_min_difficulty),
+            challenge_max_difficulty: small("challenge_max_difficulty")
+                .unwrap_or(Settings::DEFAULT.challenge_max_difficulty),
+            challenge_window_seconds: small("challenge_window_seconds")
+                .unwrap_or(Settings::DEFAULT.challenge_window_seconds),
             infinite_queue_for_failed: num("infinite_queue_for_failed") == Some(1),
         })
     }
@@ -189,11 +212,22 @@ pub struct SettingsPatch {
     /// Unix seconds; 0 clears it.
     #[schema(maximum = 4_102_444_800_u64)]
     pub opens_at: Option<u64>,
-    /// `on`: a new place costs a solved proof-of-work challenge; `off`: an account token is enough.
+    /// `on`: a new place costs a solved proof-of-work challenge; `auto`: the same, at a difficulty that
+    /// follows the surge; `off`: an account token is enough.
     pub challenge: Option<ChallengeMode>,
-    /// The most hashes a challenge can take, 1,000 to 100,000,000 (a solver needs half on average).
+    /// The most hashes a challenge can take, 1,000 to 100,000,000 (a solver needs half on average); with
+    /// `auto`, where the difficulty starts from.
     #[schema(minimum = 1_000, maximum = 100_000_000)]
     pub challenge_difficulty: Option<u32>,
+    /// `auto`'s lowest difficulty, 1,000 to 100,000,000.
+    #[schema(minimum = 1_000, maximum = 100_000_000)]
+    pub challenge_min_difficulty: Option<u32>,
+    /// `auto`'s highest difficulty, 1,000 to 100,000,000.
+    #[schema(minimum = 1_000, maximum = 100_000_000)]
+    pub challenge_max_difficulty: Option<u32>,
+    /// How often `auto` decides, 1 to 3,600 seconds.
+    #[schema(minimum = 1, maximum = 3600)]
+    pub challenge_window_seconds: Option<u32>,
     /// Answer forged or spent solutions as a waiting fan that never advances, instead of refusing them.
     pub infinite_queue_for_failed: Option<bool>,
 }
@@ -207,6 +241,8 @@ pub enum PatchError {
     SoldOutIsNotSettable,
     #[error("the change is empty")]
     Empty,
+    #[error("challenge_min_difficulty is above challenge_max_difficulty")]
+    BoundsCrossed,
 }
 
 impl PatchError {
@@ -215,6 +251,7 @@ impl PatchError {
             PatchError::OutOfRange { .. } => "setting_out_of_range",
             PatchError::SoldOutIsNotSettable => "state_not_settable",
             PatchError::Empty => "empty_change",
+            PatchError::BoundsCrossed => "setting_out_of_range",
         }
     }
 }
@@ -229,12 +266,15 @@ impl SettingsPatch {
             return Err(PatchError::SoldOutIsNotSettable);
         }
         let (easiest, hardest) = DIFFICULTY_RANGE;
-        let ranges: [(&'static str, Option<u32>, u64, u64); 5] = [
+        let ranges: [(&'static str, Option<u32>, u64, u64); 8] = [
             ("admit_per_minute", self.admit_per_minute, 1, 1_000_000),
             ("max_active", self.max_active, 1, 10_000_000),
             ("session_seconds", self.session_seconds, 10, 86_400),
             ("abandon_after_seconds", self.abandon_after_seconds, 5, 86_400),
             ("challenge_difficulty", self.challenge_difficulty, easiest.into(), hardest.into()),
+            ("challenge_min_difficulty", self.challenge_min_difficulty, easiest.into(), hardest.into()),
+            ("challenge_max_difficulty", self.challenge_max_difficulty, easiest.into(), hardest.into()),
+            ("challenge_window_seconds", self.challenge_window_seconds, 1, 3600),
         ];
         for (field, value, min, max) in ranges {
             if let Some(v) = value
@@ -242,6 +282,11 @@ impl SettingsPatch {
             {
                 return Err(PatchError::OutOfRange { field, min, max });
             }
+        }
+        if let (Some(lowest), Some(highest)) = (self.challenge_min_difficulty, self.challenge_max_difficulty)
+            && lowest > highest
+        {
+            return Err(PatchError::BoundsCrossed);
         }
         if let Some(at) = self.opens_at
             && at > 4_102_444_800

@@ -149,3 +149,37 @@ fn a_room_is_quiet_only_with_nothing_for_a_step_to_do() {
     put(QueueState::Prequeue, 11, 11);
     assert!(!rooms.quiet(1), "a pre-queue whose opening time a step checks");
 }
+
+#[test]
+fn challenge_settings_are_checked_and_a_room_without_them_has_none() {
+    let patch = |p: SettingsPatch| p.validate().map_err(|e| e.code());
+    let crossed = SettingsPatch {
+        challenge_min_difficulty: Some(5000),
+        challenge_max_difficulty: Some(4000),
+        ..Default::default()
+    };
+    assert_eq!(patch(crossed), Err("setting_out_of_range"));
+    assert_eq!(
+        patch(SettingsPatch { challenge_difficulty: Some(999), ..Default::default() }),
+        Err("setting_out_of_range")
+    );
+    assert_eq!(
+        patch(SettingsPatch { challenge_window_seconds: Some(0), ..Default::default() }),
+        Err("setting_out_of_range")
+    );
+    let auto =
+        SettingsPatch { challenge: Some(ChallengeMode::Auto), challenge_difficulty: Some(1000), ..Default::default() };
+    assert_eq!(patch(auto), Ok(()));
+    // A room written before the gate existed reads as one without a challenge.
+    let old: HashMap<String, String> =
+        Settings::DEFAULT.fields()[..8].iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let read = Settings::from_hash(&old).expect("an older room's settings");
+    assert_eq!(
+        (read.challenge, read.challenge_difficulty),
+        (ChallengeMode::Off, Settings::DEFAULT.challenge_difficulty)
+    );
+    // Every field written is read back.
+    let full: HashMap<String, String> =
+        Settings::DEFAULT.fields().iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    assert_eq!(Settings::from_hash(&full), Some(Settings::DEFAULT));
+}

@@ -195,3 +195,53 @@ async fn with_the_infinite_queue_on_a_forger_waits_for_a_turn_that_never_comes()
     let paid = solved(&gw, event, "fan-3").await;
     assert_eq!(gw.join_paying(event, "fan-3", &paid).await.place(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_room_raises_its_difficulty_while_joins_outrun_admission_and_lowers_it_after() {
+    let upstream = Upstream::start().await;
+    let p = prefix();
+    let a = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let b = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let event = 331;
+    let settings = json!({"state": "paused", "challenge": "auto", "challenge_difficulty": 1000,
+        "challenge_min_difficulty": 1000, "challenge_max_difficulty": 8000, "challenge_window_seconds": 1,
+        "admit_per_minute": 60});
+    gated_room(&a, event, settings).await;
+    b.wait_for_room(event).await;
+    // The room admits one fan a second; four waves of six joins, each solved by its fan, come faster.
+    let surge = async {
+        for wave in 0..4 {
+            let fans: Vec<String> = (0..6).map(|i| format!("fan-{wave}-{i}")).collect();
+            let asked = join_all(fans.iter().map(|f| a.join(event, f))).await;
+            let fields: Vec<String> = asked.iter().map(|r| solve(&r.body["challenge"])).collect();
+            let joined = join_all(fans.iter().zip(&fields).map(|(f, x)| b.join_paying(event, f, x))).await;
+            assert!(joined.iter().all(|r| r.status == 200), "{:?}", joined.iter().map(|r| &r.text).collect::<Vec<_>>());
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+    };
+    // The other node's view, watched meanwhile: the difficulty doubles at least twice.
+    let watch = async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut highest = 0;
+        while highest < 4000 && Instant::now() < deadline {
+            highest = highest.max(b.room(event).await.body["challenge_difficulty"].as_u64().unwrap_or(0));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        highest
+    };
+    let ((), highest) = tokio::join!(surge, watch);
+    assert!(highest >= 4000, "the difficulty rose only to {highest}");
+    // Quiet again: halved each window down to the floor, on both nodes, and in Prometheus.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for node in [&a, &b] {
+        loop {
+            let room = node.room(event).await;
+            if room.body["challenge_difficulty"] == 1000 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the difficulty did not come down: {}", room.text);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(a.metric(&format!("waiting_room_challenge_difficulty{{event=\"{event}\"}}")).await, Some(1000));
+}
