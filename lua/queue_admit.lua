@@ -8,7 +8,7 @@
 -- other fan is admitted, spending one credit, while fewer than max_active fans were admitted within the last
 -- session_seconds.
 --
--- KEYS (the same sixteen for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same seventeen for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
 --                                                   all_held (1: every seat left is held; nobody is admitted)
@@ -27,6 +27,7 @@
 --  14 prelist (list)      <p>queue:{evE}:prelist   the same accounts in join order (kept after opening, for audit)
 --  15 shuffle (hash)      <p>queue:{evE}:shuffle   seed, count, base, at_ms of the pre-queue draw
 --  16 spent (zset)        <p>queue:{evE}:spent     nonce of each challenge a join was paid with, score = its expiry (ms)
+--  17 networks (hash)     <p>queue:{evE}:networks  client network (address prefix) -> places it was given
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     most places one step may walk past (bounds the script's run time)
 -- ARGV[2]     burst: the most credit that may accrue, in ms of the admission rate

@@ -7,7 +7,7 @@
 -- so anyone can recompute every place (gateway/src/shuffle.rs does, and a test checks it against this script).
 -- Live joiners get places after the drawn ones, because joins see `prequeue` until this script has run.
 --
--- KEYS (the same sixteen for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same seventeen for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
@@ -25,6 +25,7 @@
 --  14 prelist (list)      <p>queue:{evE}:prelist   the same accounts in join order (kept after opening, for audit)
 --  15 shuffle (hash)      <p>queue:{evE}:shuffle   seed, count, base, at_ms of the pre-queue draw
 --  16 spent (zset)        <p>queue:{evE}:spent     nonce of each challenge a join was paid with, score = its expiry (ms)
+--  17 networks (hash)     <p>queue:{evE}:networks  client network (address prefix) -> places it was given
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     the new state: prequeue, open, paused or closed (sold_out is set by the gateway itself)
 -- ARGV[2]     seed of the draw, 1 .. 2147483646

@@ -163,6 +163,13 @@ pub struct Config {
     /// `too_many_streams`. 0: no cap.
     #[arg(long, env = "GATEWAY_STREAMS_PER_PREFIX", default_value_t = 64)]
     pub streams_per_prefix: u32,
+    /// The IPv4 prefix length a room's `places_per_network` counts places by (the client IP as the rate limits
+    /// read it, so behind a CDN the fan's own).
+    #[arg(long, env = "GATEWAY_NETWORK_PREFIX_V4", default_value_t = 24, value_parser = clap::value_parser!(u8).range(0..=32))]
+    pub network_prefix_v4: u8,
+    /// The IPv6 prefix length a room's `places_per_network` counts places by.
+    #[arg(long, env = "GATEWAY_NETWORK_PREFIX_V6", default_value_t = 48, value_parser = clap::value_parser!(u8).range(0..=128))]
+    pub network_prefix_v6: u8,
     /// The IPv4 prefix length streams are counted by.
     #[arg(long, env = "GATEWAY_STREAMS_PREFIX_V4", default_value_t = 32, value_parser = clap::value_parser!(u8).range(0..=32))]
     pub streams_prefix_v4: u8,
@@ -274,6 +281,9 @@ pub enum AdminAction {
         /// true: forged or spent solutions are answered as a waiting fan that never advances.
         #[arg(long)]
         infinite_queue_for_failed: Option<bool>,
+        /// Most places one client network (address prefix) is given in the room; 0: no cap.
+        #[arg(long)]
+        places_per_network: Option<u32>,
     },
     /// Show the recorded pre-queue draw (seed, join order) and check it by recomputing every place.
     Draw { event: i64 },

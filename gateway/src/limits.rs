@@ -87,6 +87,17 @@ pub fn parse_ip(raw: &str) -> Option<IpAddr> {
     ip.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
 }
 
+/// The network an address belongs to, `v4` or `v6` bits long (an IPv4-mapped address counts as IPv4): what
+/// caps per client network (streams, queue places) count by.
+pub fn address_prefix(ip: IpAddr, v4: u8, v6: u8) -> IpAddr {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    let length = if ip.is_ipv4() { v4 } else { v6 };
+    IpNet::new(ip, length).map_or(ip, |net| net.trunc().addr())
+}
+
 /// The key an address is limited by: an IPv4 address itself (also when written IPv4-mapped), an IPv6 address's
 /// /64.
 pub fn limit_key(ip: IpAddr) -> IpAddr {

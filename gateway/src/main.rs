@@ -86,6 +86,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
             admit_burst,
             max_walk: MAX_WALK,
             dev_signin: cfg.dev_signin,
+            network_prefix: (cfg.network_prefix_v4, cfg.network_prefix_v6),
         },
     };
 

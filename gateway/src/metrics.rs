@@ -72,7 +72,8 @@ pub fn record_unreplicated(refused: bool) {
 
 /// What the gate did with one join: `issued` a challenge, `solved` (a place paid for), or refused a solution
 /// as `malformed`, `failed`, `not_yours`, `expired` or `spent`; `held` counts those answered instead as a
-/// waiting fan that never advances (a room's `infinite_queue_for_failed`).
+/// waiting fan that never advances (a room's `infinite_queue_for_failed`); `network_full` counts joins refused
+/// by the room's `places_per_network`.
 pub fn record_gate(outcome: &'static str) {
     metrics::counter!("gateway_gate_total", "outcome" => outcome).increment(1);
 }

@@ -37,9 +37,9 @@ pub struct QueueKeys {
 }
 
 /// The keys every queue script receives, in this order (the scripts' headers list them).
-const KEY_NAMES: [&str; 16] = [
+const KEY_NAMES: [&str; 17] = [
     "settings", "seq", "head", "places", "who", "joined", "seen", "active", "skipped", "batches", "stats", "waits",
-    "pre", "prelist", "shuffle", "spent",
+    "pre", "prelist", "shuffle", "spent", "networks",
 ];
 
 impl QueueKeys {
@@ -51,7 +51,7 @@ impl QueueKeys {
         format!("{}{name}", self.base)
     }
 
-    /// All sixteen keys, in script order.
+    /// All seventeen keys, in script order.
     pub fn all(&self) -> Vec<String> {
         KEY_NAMES.iter().map(|name| self.key(name)).collect()
     }
@@ -207,6 +207,17 @@ pub enum Joined {
     ChallengeRequired,
     /// The challenge sent already paid for a join: nothing was done.
     Spent,
+    /// The client's network was given the room's `places_per_network` places already: nothing was done.
+    NetworkFull { cap: u64 },
+}
+
+/// Who joins: the account, its client's network (address prefix; empty when unknown), and the challenge it
+/// pays with.
+#[derive(Debug, Clone, Copy)]
+pub struct Joining<'a> {
+    pub account: &'a str,
+    pub network: &'a str,
+    pub payment: Option<&'a Payment>,
 }
 
 /// What an admission step did.
@@ -434,22 +445,17 @@ impl QueueStore {
         inv
     }
 
-    /// Gives `account` its place in `event`'s queue (`lua/queue_join.lua`), above `floor`, the highest place
-    /// this node knows was given out, spending the challenge it paid with, if any. A place is answered only
-    /// once the replicas asked for hold it.
-    pub async fn join(
-        &self,
-        event: i64,
-        account: &str,
-        floor: u64,
-        payment: Option<&Payment>,
-    ) -> Result<Joined, StoreError> {
+    /// Gives `account`, joining from `network` (its address prefix), its place in `event`'s queue
+    /// (`lua/queue_join.lua`), above `floor`, the highest place this node knows was given out, spending the
+    /// challenge it paid with, if any. A place is answered only once the replicas asked for hold it.
+    pub async fn join(&self, event: i64, joining: &Joining<'_>, floor: u64) -> Result<Joined, StoreError> {
         let mut inv = self.script(&self.scripts.join, event);
-        inv.arg(account).arg(floor);
-        match payment {
+        inv.arg(joining.account).arg(floor);
+        match joining.payment {
             Some(paid) => inv.arg(&paid.nonce).arg(paid.expires_at_ms),
             None => inv.arg("").arg(0),
         };
+        inv.arg(joining.network);
         let mut conn = self.conn.clone();
         let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
         let joined = match p.first().map(String::as_str) {
@@ -460,6 +466,7 @@ impl QueueStore {
             Some("place") => Joined::Place { place: number(&p, 1)?, head: number(&p, 2)?, fresh: number(&p, 3)? == 1 },
             Some("challenge") => Joined::ChallengeRequired,
             Some("spent") => Joined::Spent,
+            Some("network_full") => Joined::NetworkFull { cap: number(&p, 1)? },
             _ => return Err(StoreError::Reply(p.join(" "))),
         };
         // A place given earlier is waited for too: the answer that gave it may have been refused unreplicated.
@@ -706,6 +713,9 @@ impl QueueStore {
             ("challenge_window_seconds", patch.challenge_window_seconds),
         ];
         fields.extend(challenge_numbers.iter().filter_map(|(name, v)| v.map(|v| (*name, v.to_string()))));
+        if let Some(cap) = patch.places_per_network {
+            fields.push(("places_per_network", cap.to_string()));
+        }
         if let Some(held) = patch.infinite_queue_for_failed {
             fields.push(("infinite_queue_for_failed", u8::from(held).to_string()));
         }

@@ -48,6 +48,7 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
             challenge_max_difficulty,
             challenge_window_seconds,
             infinite_queue_for_failed,
+            places_per_network,
         } => {
             let state = match state {
                 Some(s) => Some(
@@ -73,6 +74,7 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
                 challenge_max_difficulty: *challenge_max_difficulty,
                 challenge_window_seconds: *challenge_window_seconds,
                 infinite_queue_for_failed: *infinite_queue_for_failed,
+                places_per_network: *places_per_network,
             };
             (*event, client.put(format!("{base}/admin/events/{event}")).json(&patch))
         }

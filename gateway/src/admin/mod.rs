@@ -156,6 +156,8 @@ pub struct RoomView {
     pub challenge_window_seconds: u32,
     /// Forged or spent solutions are answered as a waiting fan that never advances.
     pub infinite_queue_for_failed: bool,
+    /// Most places one client network is given (0: no cap).
+    pub places_per_network: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveView>,
     /// PUT only: pre-queue places drawn by this change.
@@ -181,6 +183,7 @@ impl RoomView {
             challenge_max_difficulty: s.challenge_max_difficulty,
             challenge_window_seconds: s.challenge_window_seconds,
             infinite_queue_for_failed: s.infinite_queue_for_failed,
+            places_per_network: s.places_per_network,
             live: None,
             drawn: None,
         }

@@ -313,15 +313,16 @@ impl Edge {
                 body: Bytes::from_static(SOLVER.as_bytes()),
             };
         }
-        if let Err(refusal) = self.check_ip(session) {
-            return refusal;
-        }
+        let client = match self.check_ip(session) {
+            Ok(ip) => ip,
+            Err(refusal) => return refusal,
+        };
         let authorization = header(req, &AUTHORIZATION);
         let cookies = headers(req, &COOKIE);
         match route {
             Route::QueueJoin(_) => {
                 let altcha = req.headers.get(crate::gate::HEADER).and_then(|v| v.to_str().ok());
-                self.queue.join(event, authorization, &cookies, altcha).await
+                self.queue.join(event, authorization, &cookies, altcha, Some(client)).await
             }
             Route::QueueSignin(_) => self.queue.signin(event, req.uri.query()).await,
             // The page's URL answers JSON to a client that asks for it: caches key on Accept.

@@ -2,6 +2,7 @@
 //! writes. Status polls are answered from the node-local view ([`Rooms`]); only a join (and the first poll
 //! after a pre-queue draw) calls Redis.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use super::reply::Reply;
 use crate::gate::Gate;
 use crate::metrics::record_gate;
 use crate::room::{self, ChallengeMode, Freshness, QueueState, Rooms, Standing};
-use crate::store::{Joined, LazyStore, QueueStore, Stepped};
+use crate::store::{Joined, Joining, LazyStore, QueueStore, Stepped};
 
 /// Cookie carrying the platform's account token for browsers (set by the platform's login, `HttpOnly`; or by
 /// the demo sign-in). The gateway never takes an account from a URL: a link that signed its reader in would
@@ -126,6 +127,8 @@ pub struct QueueOptions {
     /// `GET /queue/{id}/signin` exchanges demo sign-in codes (made on the admin listener) for the account
     /// cookie. Off in production: a platform signs its fans in itself.
     pub dev_signin: bool,
+    /// The prefix lengths (IPv4, IPv6) a room's `places_per_network` counts places by.
+    pub network_prefix: (u8, u8),
 }
 
 /// The queue endpoints of one proxy service.
@@ -214,7 +217,14 @@ impl Queue {
 
     /// `POST /queue/{event}/join` with an account token, and while the room's challenge is on, a solved
     /// challenge in the `altcha` field (`crate::gate`).
-    pub async fn join(&self, event: i64, authorization: Option<&str>, cookies: &[&str], altcha: Option<&str>) -> Reply {
+    pub async fn join(
+        &self,
+        event: i64,
+        authorization: Option<&str>,
+        cookies: &[&str],
+        altcha: Option<&str>,
+        client: Option<IpAddr>,
+    ) -> Reply {
         let Some(token) = bearer(authorization).or_else(|| tokens::cookie(cookies.iter().copied(), ACCOUNT_COOKIE))
         else {
             return Reply::error(401, "account_required", "joining needs an account token (Authorization: Bearer)");
@@ -246,7 +256,10 @@ impl Queue {
             }
             _ => None,
         };
-        let mut joined = store.join(event, account.as_str(), self.rooms.floor(event), payment.as_ref()).await;
+        let (v4, v6) = self.options.network_prefix;
+        let network = client.map(|ip| crate::limits::address_prefix(ip, v4, v6).to_string()).unwrap_or_default();
+        let joining = Joining { account: account.as_str(), network: &network, payment: payment.as_ref() };
+        let mut joined = store.join(event, &joining, self.rooms.floor(event)).await;
         if matches!(joined, Ok(Joined::Opening)) {
             // The pre-queue's opening time has passed and no ticker has opened it yet: open it (the script
             // does nothing if another node just did), then join as a live fan.
@@ -254,7 +267,7 @@ impl Queue {
             if store.set_state(event, QueueState::Open, seed, Some(QueueState::Prequeue)).await.is_err() {
                 return Reply::unavailable();
             }
-            joined = store.join(event, account.as_str(), self.rooms.floor(event), payment.as_ref()).await;
+            joined = store.join(event, &joining, self.rooms.floor(event)).await;
         }
         let joined = match joined {
             Ok(joined) => joined,
@@ -276,6 +289,16 @@ impl Queue {
                 "this waiting room asks for a solved proof-of-work challenge to join: solve this one and join \
                  again with the solution in the `altcha` field",
             ),
+            Joined::NetworkFull { cap } => {
+                record_gate("network_full");
+                Reply::error_with(
+                    429,
+                    "too_many_places",
+                    "this network (your address's prefix) was given as many places in this queue as one network may",
+                    json!({ "places_per_network": cap }),
+                )
+                .header("retry-after", "60".into())
+            }
             Joined::Spent => {
                 record_gate("spent");
                 self.failed(event, &account, settings.as_ref(), "challenge_spent", "that solution was already used")

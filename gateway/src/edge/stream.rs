@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use ipnet::IpNet;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
@@ -200,12 +199,7 @@ impl Caps {
     }
 
     fn prefix(&self, ip: IpAddr) -> IpAddr {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
-        let length = if ip.is_ipv4() { self.options.prefix_v4 } else { self.options.prefix_v6 };
-        IpNet::new(ip, length).map_or(ip, |net| net.trunc().addr())
+        crate::limits::address_prefix(ip, self.options.prefix_v4, self.options.prefix_v6)
     }
 
     /// A place for one more stream of `event` from `ip`, held until the place is dropped, or the cap it is

@@ -123,6 +123,9 @@ pub struct Settings {
     /// A client that sends a forged or spent solution is answered as a waiting fan whose place never comes,
     /// rather than refused (it learns nothing to adapt to).
     pub infinite_queue_for_failed: bool,
+    /// Most places one client network (address prefix: `GATEWAY_NETWORK_PREFIX_V4` / `_V6`) is given in the
+    /// room; 0: no cap. Generous: a venue's or a campus's fans share one address.
+    pub places_per_network: u32,
 }
 
 impl Settings {
@@ -142,10 +145,11 @@ impl Settings {
         challenge_max_difficulty: 960_000,
         challenge_window_seconds: 10,
         infinite_queue_for_failed: false,
+        places_per_network: 1000,
     };
 
     /// The Redis hash's fields, as [`Self::from_hash`] reads them.
-    pub fn fields(&self) -> [(&'static str, String); 14] {
+    pub fn fields(&self) -> [(&'static str, String); 15] {
         [
             ("state", self.state.as_str().to_owned()),
             ("admit_per_minute", self.admit_per_minute.to_string()),
@@ -161,6 +165,7 @@ impl Settings {
             ("challenge_max_difficulty", self.challenge_max_difficulty.to_string()),
             ("challenge_window_seconds", self.challenge_window_seconds.to_string()),
             ("infinite_queue_for_failed", u8::from(self.infinite_queue_for_failed).to_string()),
+            ("places_per_network", self.places_per_network.to_string()),
         ]
     }
 
@@ -187,6 +192,7 @@ impl Settings {
             challenge_window_seconds: small("challenge_window_seconds")
                 .unwrap_or(Settings::DEFAULT.challenge_window_seconds),
             infinite_queue_for_failed: num("infinite_queue_for_failed") == Some(1),
+            places_per_network: small("places_per_network").unwrap_or(Settings::DEFAULT.places_per_network),
         })
     }
 }
@@ -230,6 +236,9 @@ pub struct SettingsPatch {
     pub challenge_window_seconds: Option<u32>,
     /// Answer forged or spent solutions as a waiting fan that never advances, instead of refusing them.
     pub infinite_queue_for_failed: Option<bool>,
+    /// Most places one client network (address prefix) is given in the room, 0 to 10,000,000; 0: no cap.
+    #[schema(maximum = 10_000_000)]
+    pub places_per_network: Option<u32>,
 }
 
 /// Why a settings change was refused (a 422 with this code).
@@ -266,7 +275,7 @@ impl SettingsPatch {
             return Err(PatchError::SoldOutIsNotSettable);
         }
         let (easiest, hardest) = DIFFICULTY_RANGE;
-        let ranges: [(&'static str, Option<u32>, u64, u64); 8] = [
+        let ranges: [(&'static str, Option<u32>, u64, u64); 9] = [
             ("admit_per_minute", self.admit_per_minute, 1, 1_000_000),
             ("max_active", self.max_active, 1, 10_000_000),
             ("session_seconds", self.session_seconds, 10, 86_400),
@@ -275,6 +284,7 @@ impl SettingsPatch {
             ("challenge_min_difficulty", self.challenge_min_difficulty, easiest.into(), hardest.into()),
             ("challenge_max_difficulty", self.challenge_max_difficulty, easiest.into(), hardest.into()),
             ("challenge_window_seconds", self.challenge_window_seconds, 1, 3600),
+            ("places_per_network", self.places_per_network, 0, 10_000_000),
         ];
         for (field, value, min, max) in ranges {
             if let Some(v) = value

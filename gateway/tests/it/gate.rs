@@ -245,3 +245,46 @@ async fn an_auto_room_raises_its_difficulty_while_joins_outrun_admission_and_low
     }
     assert_eq!(a.metric(&format!("waiting_room_challenge_difficulty{{event=\"{event}\"}}")).await, Some(1000));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_network_gets_its_rooms_share_of_places_and_a_refused_solution_stays_unspent() {
+    let upstream = Upstream::start().await;
+    let p = prefix();
+    // Behind a trusted CDN the client's own address counts: a /24 for IPv4, a /48 for IPv6.
+    let node = |p: &str| Node::new(upstream.addr, p).arg("--trusted-proxies", "127.0.0.1/32");
+    let a = GatewayProcess::start(node(&p)).await;
+    let b = GatewayProcess::start(node(&p)).await;
+    let event = 341;
+    gated_room(&a, event, json!({"state": "paused", "places_per_network": 3})).await;
+    b.wait_for_room(event).await;
+    let from = |node, account, ip, altcha| join_from(node, event, account, ip, altcha);
+    // Three fans of one campus network, through both nodes, at once; a fourth from it is refused.
+    let fans = ["fan-1", "fan-2", "fan-3", "fan-4"];
+    let mut fields = Vec::new();
+    for fan in fans {
+        fields.push(solved(&a, event, fan).await);
+    }
+    let ips = ["192.0.2.10", "192.0.2.11", "192.0.2.12"];
+    let joined = join_all((0..3).map(|i| from(if i % 2 == 0 { &a } else { &b }, fans[i], ips[i], &fields[i]))).await;
+    assert!(joined.iter().all(|r| r.status == 200), "{:?}", joined.iter().map(|r| &r.text).collect::<Vec<_>>());
+    let refused = from(&b, "fan-4", "192.0.2.200", &fields[3]).await;
+    assert_eq!((refused.status, refused.code()), (429, "too_many_places"), "{}", refused.text);
+    assert_eq!(refused.body["places_per_network"], 3);
+    assert!(refused.header("retry-after").is_some());
+    // Another network is not held back; IPv6 networks are /48s.
+    let other = solved(&a, event, "fan-5").await;
+    assert_eq!(from(&a, "fan-5", "198.51.100.7", &other).await.status, 200);
+    let v6: Vec<String> = vec![solved(&a, event, "fan-6").await, solved(&a, event, "fan-7").await];
+    assert_eq!(from(&a, "fan-6", "2001:db8:1:1::1", &v6[0]).await.status, 200);
+    assert_eq!(from(&a, "fan-7", "2001:db8:1:ffff::1", &v6[1]).await.status, 200);
+    // Raised live: fan-4 joins with the solution the refusal left unspent.
+    a.configure(event, json!({"places_per_network": 4})).await;
+    let joined = from(&b, "fan-4", "192.0.2.200", &fields[3]).await;
+    assert_eq!(joined.status, 200, "{}", joined.text);
+}
+
+/// A join paid with `altcha`, sent through a trusted proxy on behalf of the client at `ip`.
+async fn join_from(node: &GatewayProcess, event: i64, account: &str, ip: &str, altcha: &str) -> Reply {
+    let req = node.client.post(format!("{}/queue/{event}/join", node.base)).bearer_auth(account_token(account));
+    node.send(req.header(gateway::gate::HEADER, altcha).header("x-forwarded-for", ip)).await
+}
