@@ -16,6 +16,7 @@ use goose::prelude::*;
 use serde_json::{Value, json};
 use tokens::{AccountClaims, AccountId, unix_now};
 
+use crate::crowd::{self, BotsSolve, Kind, Tally};
 use crate::map::LiveMap;
 use crate::picker;
 use crate::run::{Confirmed, Run, Stats, Turn, TurnOutcome};
@@ -46,6 +47,8 @@ struct Fan {
     account_token: String,
     /// The client IP the CDN reports (`X-Forwarded-For`).
     ip: String,
+    /// A fan, or a bot (`crate::crowd`).
+    kind: Kind,
 }
 
 /// Sends one request through goose, under the connection limit, and records its status. Statuses in
@@ -89,7 +92,11 @@ async fn send(
 /// Marks, in a status's name, a 503 that came without `Retry-After`.
 pub const NO_RETRY_AFTER: &str = "(no Retry-After)";
 
-fn think(run: &Run) -> Duration {
+/// How long a fan thinks between steps; a bot never does.
+fn think(run: &Run, kind: Kind) -> Duration {
+    if kind == Kind::Bot {
+        return Duration::ZERO;
+    }
     let (low, high) = run.settings.think_ms;
     Duration::from_millis(if high > low { rand::random_range(low..=high) } else { low })
 }
@@ -159,18 +166,28 @@ fn claim(token: &str, name: &str) -> Option<u64> {
     serde_json::from_slice::<Value>(&bytes).ok()?[name].as_u64()
 }
 
+/// A true flag in a signed token's payload (read as [`claim`] reads).
+fn claim_flag(token: &str, name: &str) -> bool {
+    use base64::Engine;
+    let payload = token.split('.').nth(1).unwrap_or_default();
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).unwrap_or_default();
+    serde_json::from_slice::<Value>(&bytes).is_ok_and(|v| v[name] == true)
+}
+
 /// The whole journey of one fan.
 pub async fn journey(user: &mut GooseUser) -> TransactionResult {
     let Some(run) = RUN.get() else { return Ok(()) };
     let s = &run.settings;
     let n = user.weighted_users_index;
-    let account = format!("{}-{n}", s.run_id);
-    let Ok(id) = AccountId::parse(&account) else { return Ok(()) };
-    let fan = Fan {
-        account_token: s.accounts.sign(&AccountClaims::new(id, &s.issuer, unix_now(), 7200)),
-        account,
-        ip: format!("10.{}.{}.{}", (n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff),
+    let (kind, k) = s.crowd.member(n);
+    let (account, ip) = match kind {
+        Kind::Fan => (format!("{}-{k}", s.run_id), format!("10.{}.{}.{}", (k >> 16) & 0xff, (k >> 8) & 0xff, k & 0xff)),
+        Kind::Bot => (format!("{}-bot-{k}", s.run_id), s.crowd.bot_ip(k)),
     };
+    let Ok(id) = AccountId::parse(&account) else { return Ok(()) };
+    let fan =
+        Fan { account_token: s.accounts.sign(&AccountClaims::new(id, &s.issuer, unix_now(), 7200)), account, ip, kind };
+    let tally = run.stats.crowd.of(kind);
     let event = s.event;
     if s.gateways.len() > 1 {
         user.set_base_url(&s.gateways[n % s.gateways.len()])?;
@@ -181,26 +198,45 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
     // A refused join may have left the fan's place pending (the next attempt finds it): the fan's turn counts
     // from its first attempt.
     let join_sent_ms = run.started.elapsed().as_millis() as u64;
+    // A room that asks for a proof of work answers 428 with a challenge: solved (or, by a bot that does not
+    // solve, forged) and sent with the next join.
+    let mut gate = Gate { altcha: None, tries: 0, spent: 0 };
     let join = loop {
+        let altcha = gate.altcha.take();
         let join = send(
             user,
             run,
             "join",
             GooseMethod::Post,
             &format!("/queue/{event}/join"),
-            |b| b.bearer_auth(&fan.account_token).header("x-forwarded-for", &fan.ip),
-            &[200],
+            |b| {
+                let b = b.bearer_auth(&fan.account_token).header("x-forwarded-for", &fan.ip);
+                match &altcha {
+                    Some(field) => b.header("altcha", field),
+                    None => b,
+                }
+            },
+            &[200, 428],
         )
         .await?;
-        if !matches!(join.status, 0 | 503) || joined_at.elapsed() > s.max_wait {
+        if joined_at.elapsed() > s.max_wait {
             break join;
         }
-        tokio::time::sleep(Duration::from_millis(rand::random_range(500..=1500))).await;
+        match join.status {
+            0 | 503 => tokio::time::sleep(Duration::from_millis(rand::random_range(500..=1500))).await,
+            428 if gate.pay(run, &fan, tally, &join).await => {}
+            // Refused at the gate (a forgery, or the network's cap): a bot tries again at once, a few times.
+            400 | 403 | 409 | 429 if fan.kind == Kind::Bot && gate.again(run, tally, &join).await => {}
+            _ => break join,
+        }
     };
     if join.status != 200 {
         return Ok(());
     }
     Stats::add(&run.stats.joined);
+    // A ticket the room holds in its endless queue (a forgery answered as a waiting fan) is no place.
+    let held = join.str("ticket").is_some_and(|t| claim_flag(&t, "held"));
+    Tally::add(if held { &tally.held } else { &tally.places }, 1);
     let mut turn = Turn {
         account: fan.account.clone(),
         place: join.str("ticket").and_then(|t| claim(&t, "place")).unwrap_or(0),
@@ -209,7 +245,7 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
         admitted_at: None,
         outcome: TurnOutcome::Failed,
     };
-    if join.body["state"] != "admitted" && rand::random::<f64>() < s.abandon_queue {
+    if fan.kind == Kind::Fan && join.body["state"] != "admitted" && rand::random::<f64>() < s.abandon_queue {
         // Closes the tab: never polls again; the gateway must skip it without stalling the queue.
         Stats::add(&run.stats.abandoned_queue);
         turn.outcome = TurnOutcome::Abandoned;
@@ -222,6 +258,7 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
     run.stats.turn(turn);
     let Some(proof) = waited? else { return Ok(()) };
     run.stats.admitted(run.started.elapsed(), joined_at.elapsed());
+    Tally::add(&tally.admitted, 1);
     let auth = format!("Bearer {proof}");
 
     // The event, then the seat map.
@@ -252,7 +289,7 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
         // Admitted with nothing left to hold: the waiting room should not let this happen.
         Stats::add(&run.stats.admitted_nothing_left);
     }
-    tokio::time::sleep(think(run)).await;
+    tokio::time::sleep(think(run, fan.kind)).await;
 
     // Hold: pick, and on a 409 try again around the seat it names.
     let party = picker::party_size(rand::random());
@@ -300,12 +337,12 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
         return Ok(());
     };
     Stats::add(&run.stats.held);
-    if rand::random::<f64>() < s.abandon_hold {
+    if fan.kind == Kind::Fan && rand::random::<f64>() < s.abandon_hold {
         // Walks away: the hold expires by itself and the seats go back on sale.
         Stats::add(&run.stats.abandoned_hold);
         return Ok(());
     }
-    tokio::time::sleep(think(run)).await;
+    tokio::time::sleep(think(run, fan.kind)).await;
 
     // Check out.
     let key = format!("{}-{hold_token}", fan.account);
@@ -333,11 +370,13 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
         paid: false,
     };
     run.stats.confirmed(&confirmed, run.started.elapsed());
-    if rand::random::<f64>() < s.abandon_payment {
+    Tally::add(&tally.orders, 1);
+    Tally::add(&tally.seats, confirmed.seat_ids.len() as u64);
+    if fan.kind == Kind::Fan && rand::random::<f64>() < s.abandon_payment {
         // Never pays: the order lapses at its deadline and its seats go back on sale.
         Stats::add(&run.stats.unpaid);
     } else {
-        tokio::time::sleep(think(run)).await;
+        tokio::time::sleep(think(run, fan.kind)).await;
         confirmed.paid = pay(user, run, &auth, event, &confirmed.order_id).await?;
     }
     run.stats.settled(confirmed);
@@ -370,4 +409,59 @@ async fn pay(
         Stats::add(&run.stats.payment_failed);
     }
     Ok(paid)
+}
+
+/// One member's dealings with the gate while it joins.
+struct Gate {
+    /// What the next join sends in its `altcha` field.
+    altcha: Option<String>,
+    /// Joins the gate refused, or challenges a bot could not pay for.
+    tries: u32,
+    /// Hashes spent so far.
+    spent: u64,
+}
+
+impl Gate {
+    /// Pays for a 428's challenge: a fan solves it; a bot solves it within its budget, or forges it. False
+    /// when the member gives up (a bot out of budget or tries).
+    async fn pay(&mut self, run: &Run, fan: &Fan, tally: &Tally, answer: &Answer) -> bool {
+        let crowd = &run.settings.crowd;
+        if fan.kind == Kind::Bot && crowd.bots_solve == BotsSolve::None {
+            self.altcha = crowd::forge(&answer.body);
+            return self.altcha.is_some() && self.tries < crowd.bot_attempts;
+        }
+        let body = answer.body.clone();
+        // Solving is CPU work: off the runtime that drives everyone's requests.
+        let Ok(Some(solved)) = tokio::task::spawn_blocking(move || crowd::solve(&body)).await else { return false };
+        if fan.kind == Kind::Bot {
+            let left = crowd.bot_budget_hashes.saturating_sub(self.spent);
+            if solved.hashes > left {
+                // A search stopped at the budget spends all of it and finds nothing.
+                Tally::add(&tally.hashes, left);
+                self.spent += left;
+                Tally::add(&tally.out_of_budget, 1);
+                return false;
+            }
+        }
+        self.spent += solved.hashes;
+        Tally::add(&tally.hashes, solved.hashes);
+        Tally::add(&tally.solves, 1);
+        self.altcha = Some(solved.field);
+        true
+    }
+
+    /// After a refusal at the gate: whether a bot tries again (at once; a second later when rate limited).
+    async fn again(&mut self, run: &Run, tally: &Tally, answer: &Answer) -> bool {
+        let code = answer.body["error"].as_str().unwrap_or("");
+        let at_the_gate = code.starts_with("challenge_") || code == "too_many_places";
+        if at_the_gate {
+            Tally::add(&tally.refused, 1);
+        }
+        self.tries += 1;
+        let again = (at_the_gate || code == "rate_limited") && self.tries < run.settings.crowd.bot_attempts;
+        if again && code == "rate_limited" {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        again
+    }
 }

@@ -9,6 +9,7 @@
 
 mod chart;
 mod check;
+mod crowd;
 mod fan;
 mod map;
 mod mapbench;
@@ -124,6 +125,22 @@ struct OnsaleArgs {
     /// The longest any fan waits in the queue, seconds; also bounds the whole run (plus 300 s).
     #[arg(long, default_value_t = 1800)]
     max_wait_seconds: u64,
+    /// Bots in the crowd besides the fans: accounts that join as fast as they can (interleaved with the fans'
+    /// arrival), never think and never walk away.
+    #[arg(long, default_value_t = 0)]
+    bots: usize,
+    /// The addresses the bots come from, each in a network of its own.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    bot_addresses: u64,
+    /// Whether bots solve a room's proof-of-work challenge (within --bot-cpu-ms) or send forgeries.
+    #[arg(long, value_enum, default_value_t = crowd::BotsSolve::None)]
+    bots_solve: crowd::BotsSolve,
+    /// CPU each bot may spend solving over the run, in ms of this machine's solver.
+    #[arg(long, default_value_t = 1000)]
+    bot_cpu_ms: u64,
+    /// Joins a bot tries while the gate refuses it.
+    #[arg(long, default_value_t = 3)]
+    bot_attempts: u32,
     /// Output directory (report.html, charts.html, summary.json, summary.md, series.json, orders.jsonl,
     /// turns.jsonl).
     #[arg(long, default_value = "target/onsale")]
@@ -206,6 +223,16 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!args.gateway.is_empty() && args.gateway.iter().all(|g| !g.is_empty()), "--gateway names no URL");
     let first = args.gateway[0].clone();
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    // Before anything runs: the solver's cost here, to turn hashes into CPU time and the bots' budget into hashes.
+    let ns_per_hash = tokio::task::spawn_blocking(crowd::measure_ns_per_hash).await?;
+    let crowd = crowd::Crowd {
+        fans: args.fans,
+        bots: args.bots,
+        bot_addresses: args.bot_addresses as usize,
+        bots_solve: args.bots_solve,
+        bot_budget_hashes: (args.bot_cpu_ms as f64 * 1e6 / ns_per_hash.max(1.0)) as u64,
+        bot_attempts: args.bot_attempts.max(1),
+    };
     let settings = Settings {
         event: args.event,
         run_id: format!("lt{:x}", rand::random::<u32>()),
@@ -219,6 +246,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         hold_attempts: args.hold_attempts,
         max_wait: Duration::from_secs(args.max_wait_seconds),
         gateways: args.gateway.clone(),
+        crowd,
     };
     let run = Run {
         settings,
@@ -230,6 +258,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         anyhow::bail!("one run per process");
     }
     let run = fan::RUN.get().context("the run")?;
+    let _ = run.stats.crowd.ns_per_hash.set(ns_per_hash);
     let map = map::LiveMap::start(&first, args.event, args.map_streams)
         .await
         .context("reading the event's seat map (layout and status) through the gateway")?;
@@ -237,8 +266,13 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         anyhow::bail!("one map per process");
     }
     eprintln!(
-        "on-sale: {} fans arriving over {} s at {} (event {}), {} connections; report in {}",
+        "on-sale: {} fans{} arriving over {} s at {} (event {}), {} connections; report in {}",
         args.fans,
+        if args.bots > 0 {
+            format!(" and {} bots from {} addresses", args.bots, args.bot_addresses)
+        } else {
+            String::new()
+        },
         args.burst_seconds,
         args.gateway.join(", "),
         args.event,
@@ -273,7 +307,8 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         }
     });
 
-    let hatch_rate = (args.fans as f64 / args.burst_seconds.max(1) as f64).max(1.0);
+    let users = args.fans + args.bots;
+    let hatch_rate = (users as f64 / args.burst_seconds.max(1) as f64).max(1.0);
     let report = args.out.join("report.html");
     let attack = GooseAttack::initialize_with_config(GooseConfiguration::default())?
         .register_scenario(scenario!("Fan").register_transaction(transaction!(journey).set_name("journey")))
@@ -281,7 +316,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
             goose::client::GooseClientBuilder::new().without_cookies().timeout(Duration::from_secs(30)),
         )?
         .set_default(GooseDefault::Host, first.as_str())?
-        .set_default(GooseDefault::Users, args.fans)?
+        .set_default(GooseDefault::Users, users)?
         .set_default(GooseDefault::IncreaseRate, format!("{hatch_rate}").as_str())?
         .set_default(GooseDefault::Iterations, 1)?
         .set_default(GooseDefault::ReportFile, report.to_string_lossy().as_ref())?
@@ -403,6 +438,45 @@ fn render(s: &Summary, fans: usize) -> String {
             m.copies_agreeing_at_the_end,
             m.resyncs,
             m.reconnects,
+        ));
+    }
+    if let Some(c) = &s.crowd {
+        let share = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}%", v * 100.0));
+        let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
+        let (f, b) = (&c.fans, &c.bots);
+        out.push_str(&format!(
+            "## Fans and bots\n\n| what | fans | bots |\n|---|---|---|\n\
+             | accounts | {} | {} |\n| places | {} | {} |\n| held in the endless queue | {} | {} |\n\
+             | admitted | {} | {} |\n| orders | {} | {} |\n| seats | {} | {} |\n\
+             | challenges solved | {} | {} |\n| refused at the gate | {} | {} |\n| out of budget | {} | {} |\n\
+             | solving CPU | {:.1} s | {:.1} s |\n| solving CPU per place | {} | {} |\n\n\
+             Bots' share: {} of places, {} of seats, {} of the solving CPU ({:.0} ns per hash here).\n\n",
+            f.accounts,
+            b.accounts,
+            f.places,
+            b.places,
+            f.held_in_the_endless_queue,
+            b.held_in_the_endless_queue,
+            f.admitted,
+            b.admitted,
+            f.orders,
+            b.orders,
+            f.seats,
+            b.seats,
+            f.solves,
+            b.solves,
+            f.refused_by_the_gate,
+            b.refused_by_the_gate,
+            f.out_of_budget,
+            b.out_of_budget,
+            f.solving_cpu_seconds,
+            b.solving_cpu_seconds,
+            ms(c.fan_cpu_ms_per_place),
+            ms(c.bot_cpu_ms_per_place),
+            share(c.bots_share_of_places),
+            share(c.bots_share_of_seats),
+            share(c.bots_share_of_solving),
+            c.ns_per_hash,
         ));
     }
     out.push_str("## Answers by request and status\n\n");

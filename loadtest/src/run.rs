@@ -10,6 +10,7 @@ use serde::Serialize;
 use tokens::Keyring;
 use tokio::sync::Semaphore;
 
+use crate::crowd::{Crowd, CrowdFigures, Tallies};
 use crate::map::LiveMap;
 
 /// What a run is told.
@@ -35,6 +36,8 @@ pub struct Settings {
     pub max_wait: Duration,
     /// The gateway nodes' URLs: fan n goes to the (n mod count)-th, as a CDN spreads its clients.
     pub gateways: Vec<String>,
+    /// Fans and bots, and what bots do at the gate.
+    pub crowd: Crowd,
 }
 
 /// A confirmed order, as the fan saw it (the invariant checker looks each one up).
@@ -105,6 +108,8 @@ pub struct Stats {
     /// Status answers fans read, and their bytes.
     pub map_statuses: AtomicU64,
     pub map_status_bytes: AtomicU64,
+    /// What fans and bots got, and what they spent at the gate.
+    pub crowd: Tallies,
     timings: Mutex<Timings>,
 }
 
@@ -311,6 +316,7 @@ impl Stats {
             statuses: t.statuses,
             server_errors,
             live_map,
+            crowd: self.crowd.figures(&settings.crowd),
             process: Process::now(),
         }
     }
@@ -408,6 +414,9 @@ pub struct Summary {
     pub server_errors: u64,
     /// What the live seat map cost and how fresh it was.
     pub live_map: Option<MapFigures>,
+    /// Fans against bots, and what the gate cost each (present with bots, or with a challenge).
+    #[serde(default)]
+    pub crowd: Option<CrowdFigures>,
     pub process: Process,
 }
 
