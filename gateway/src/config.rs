@@ -287,6 +287,17 @@ pub enum AdminAction {
     },
     /// Show the recorded pre-queue draw (seed, join order) and check it by recomputing every place.
     Draw { event: i64 },
+    /// Mint a sponsor pass: signed, expiring, for one account and this event; it admits at once (within
+    /// max_active), once. Prints it with its expiry.
+    Pass {
+        event: i64,
+        /// The account the pass admits.
+        #[arg(long)]
+        account: String,
+        /// How long the pass may wait to be used, in seconds (60 to 2,592,000).
+        #[arg(long, default_value_t = 86_400)]
+        ttl_seconds: u64,
+    },
 }
 
 /// One booking node: where it listens.

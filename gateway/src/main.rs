@@ -161,6 +161,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     let admin = Admin {
         listener: std::sync::Mutex::new(Some(admin_listener)),
         token: cfg.admin_token.clone(),
+        keyring: keyring.clone(),
         rooms,
         store,
         stale_after: cfg.stale_after(),

@@ -77,3 +77,8 @@ pub fn record_unreplicated(refused: bool) {
 pub fn record_gate(outcome: &'static str) {
     metrics::counter!("gateway_gate_total", "outcome" => outcome).increment(1);
 }
+
+/// What a sponsor pass did: `admitted`, `spent` (used before), `full` (the room at `max_active`).
+pub fn record_pass(outcome: &'static str) {
+    metrics::counter!("gateway_passes_total", "outcome" => outcome).increment(1);
+}

@@ -9,7 +9,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use crate::admin::{DrawView, LiveView, RoomView};
+use crate::admin::{DrawView, LiveView, PassAsk, PassView, RoomView};
 use crate::edge::queue::QueueAnswer;
 use crate::room::{ChallengeMode, QueueState, SettingsPatch};
 
@@ -28,14 +28,17 @@ pub struct ErrorBody {
     params(
         ("event_id" = i64, Path, minimum = 1, description = "event id"),
         ("altcha" = Option<String>, Header, description = "base64 of `{\"challenge\", \"solution\": {\"counter\", \"derivedKey\"}}`"),
+        ("sponsor-pass" = Option<String>, Header, description = "a sponsor pass for this account and event: admitted at once (within `max_active`), once"),
     ),
     security(("account" = [])),
     responses(
         (status = 200, body = QueueAnswer, description = "the fan's place (or admission), with its ticket"),
         (status = 400, body = ErrorBody, description = "challenge_malformed, ..."), (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody, description = "challenge_failed, challenge_not_yours"),
+        (status = 403, body = ErrorBody, description = "challenge_failed, challenge_not_yours, pass_invalid, \
+            pass_expired, pass_not_yours"),
         (status = 404, body = ErrorBody), (status = 405, body = ErrorBody),
-        (status = 409, body = ErrorBody, description = "queue_closed, sold_out, challenge_spent"),
+        (status = 409, body = ErrorBody, description = "queue_closed, sold_out, challenge_spent, pass_spent, \
+            room_full"),
         (status = 428, body = ErrorBody, description = "challenge_required, challenge_expired: with `challenge`, \
             `difficulty` and `field`"),
         (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),
@@ -129,6 +132,18 @@ fn get_room() {}
     ))]
 fn put_room() {}
 
+/// Mint a sponsor pass for one account and this event (admin listener): signed, expiring, single use.
+#[utoipa::path(post, path = "/admin/events/{event_id}/passes", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    request_body = PassAsk,
+    security(("admin" = [])),
+    responses(
+        (status = 201, body = PassView),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+    ))]
+fn post_pass() {}
+
 /// The recorded pre-queue draw, for anyone to recompute (admin listener).
 #[utoipa::path(get, path = "/admin/events/{event_id}/draw", tag = "admin",
     params(("event_id" = i64, Path, minimum = 1, description = "event id")),
@@ -146,8 +161,8 @@ fn get_draw() {}
         API on the admin listener. `/events/{event_id}/...` is forwarded to booking (see booking's document) with \
         an admission proof; `/events/{event_id}/seats/status` and `/seats/layout/{catalogue_version}` without \
         one, under the per-IP limit."),
-    paths(join, solver, status, page, seat_stream, healthz, get_room, put_room, get_draw),
-    components(schemas(ErrorBody, QueueAnswer, RoomView, LiveView, DrawView, SettingsPatch, QueueState, ChallengeMode)),
+    paths(join, solver, status, page, seat_stream, healthz, get_room, put_room, post_pass, get_draw),
+    components(schemas(ErrorBody, QueueAnswer, RoomView, LiveView, DrawView, PassAsk, PassView, SettingsPatch, QueueState, ChallengeMode)),
     modifiers(&Security),
 )]
 struct ApiDoc;

@@ -175,6 +175,7 @@ struct Scripts {
     touch: Script,
     nodes: Script,
     tune: Script,
+    pass: Script,
 }
 
 impl Scripts {
@@ -186,6 +187,7 @@ impl Scripts {
             touch: Script::new(include_str!("../../lua/queue_touch.lua")),
             nodes: Script::new(include_str!("../../lua/gateway_nodes.lua")),
             tune: Script::new(include_str!("../../lua/queue_tune_challenge.lua")),
+            pass: Script::new(include_str!("../../lua/queue_pass.lua")),
         }
     }
 }
@@ -218,6 +220,24 @@ pub struct Joining<'a> {
     pub account: &'a str,
     pub network: &'a str,
     pub payment: Option<&'a Payment>,
+}
+
+/// What a sponsor pass did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Passed {
+    Unknown,
+    Closed(QueueState),
+    /// The pass was used before.
+    Spent,
+    /// The room has `max_active` fans within their session: the pass is kept for later.
+    Full {
+        max_active: u64,
+    },
+    /// Admitted at `at_ms` (Redis's clock) for the room's session.
+    Admitted {
+        at_ms: u64,
+        session_seconds: u64,
+    },
 }
 
 /// What an admission step did.
@@ -492,6 +512,33 @@ impl QueueStore {
             }
             _ => Err(StoreError::Reply(p.join(" "))),
         }
+    }
+
+    /// Admits `account` at once on a sponsor pass (`lua/queue_pass.lua`), spending the pass `id` until
+    /// `expires_at_ms`.
+    pub async fn admit_pass(
+        &self,
+        event: i64,
+        account: &str,
+        id: &str,
+        expires_at_ms: u64,
+    ) -> Result<Passed, StoreError> {
+        let mut inv = self.script(&self.scripts.pass, event);
+        inv.arg(account).arg(id).arg(expires_at_ms);
+        let mut conn = self.conn.clone();
+        let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
+        let passed = match p.first().map(String::as_str) {
+            Some("unknown") => Passed::Unknown,
+            Some("closed") => Passed::Closed(p.get(1).and_then(|s| QueueState::parse(s)).unwrap_or(QueueState::Closed)),
+            Some("spent") => Passed::Spent,
+            Some("full") => Passed::Full { max_active: number(&p, 1)? },
+            Some("admitted") => Passed::Admitted { at_ms: number(&p, 1)?, session_seconds: number(&p, 2)? },
+            _ => return Err(StoreError::Reply(p.join(" "))),
+        };
+        if matches!(passed, Passed::Admitted { .. }) {
+            self.replicate(event, true).await?;
+        }
+        Ok(passed)
     }
 
     /// One admission step (`lua/queue_admit.lua`).

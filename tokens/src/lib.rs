@@ -145,6 +145,38 @@ impl TicketClaims {
     }
 }
 
+/// Audience of sponsor passes: they come back to the waiting room that issued them.
+pub const PASS_AUDIENCE: &str = "sponsor-pass";
+
+/// Claims of a sponsor pass: an operator's signed word that one account may enter one event's room at once
+/// (within its `max_active`), once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassClaims {
+    pub sub: AccountId,
+    pub evt: i64,
+    pub aud: String,
+    pub iss: String,
+    pub iat: u64,
+    pub exp: u64,
+    /// The pass's id, spent when it is used.
+    pub jti: String,
+}
+
+impl PassClaims {
+    /// A pass for `account` to `event`, valid for `ttl_seconds` from `now`, with id `jti`.
+    pub fn new(account: AccountId, event: i64, now: u64, ttl_seconds: u64, jti: String) -> Self {
+        Self {
+            sub: account,
+            evt: event,
+            aud: PASS_AUDIENCE.to_owned(),
+            iss: ADMISSION_ISSUER.to_owned(),
+            iat: now,
+            exp: now + ttl_seconds,
+            jti,
+        }
+    }
+}
+
 /// Claims of an account token.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountClaims {
@@ -363,6 +395,7 @@ pub struct Keyring {
     /// Built once: a `Validation` is several hash sets, too dear to rebuild per request.
     admission: Validation,
     ticket: Validation,
+    pass: Validation,
     verified: VerifiedProofs,
 }
 
@@ -402,6 +435,7 @@ impl Keyring {
             keys,
             admission: validation(ADMISSION_AUDIENCE, ADMISSION_ISSUER),
             ticket: validation(TICKET_AUDIENCE, ADMISSION_ISSUER),
+            pass: validation(PASS_AUDIENCE, ADMISSION_ISSUER),
             verified: VerifiedProofs::new(VERIFIED_PROOFS_MAX),
         })
     }
@@ -451,6 +485,11 @@ impl Keyring {
     /// Verifies a queue ticket issued by the waiting room.
     pub fn verify_ticket(&self, token: &str) -> Result<TicketClaims, TokenError> {
         self.verify(token, &self.ticket)
+    }
+
+    /// Verifies a sponsor pass (signature, expiry, audience, issuer).
+    pub fn verify_pass(&self, token: &str) -> Result<PassClaims, TokenError> {
+        self.verify(token, &self.pass)
     }
 
     /// Verifies an account token from the platform whose issuer is `issuer`.
@@ -503,7 +542,7 @@ macro_rules! issued {
         }
     )*};
 }
-issued!(AdmissionClaims, TicketClaims, AccountClaims);
+issued!(AdmissionClaims, TicketClaims, AccountClaims, PassClaims);
 
 /// Seconds since the Unix epoch, by this machine's clock (token lifetimes only; business times come from the
 /// stores).

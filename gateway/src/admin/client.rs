@@ -34,6 +34,10 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
             let suffix = if matches!(args.action, AdminAction::Draw { .. }) { "/draw" } else { "" };
             (*event, client.get(format!("{base}/admin/events/{event}{suffix}")))
         }
+        AdminAction::Pass { event, account, ttl_seconds } => {
+            let ask = json!({ "account": account, "ttl_seconds": ttl_seconds });
+            (*event, client.post(format!("{base}/admin/events/{event}/passes")).json(&ask))
+        }
         AdminAction::Set {
             event,
             state,

@@ -30,6 +30,8 @@ use crate::store::{LazyStore, StateChange};
 pub struct Admin {
     pub listener: std::sync::Mutex<Option<std::net::TcpListener>>,
     pub token: SecretString,
+    /// Signs sponsor passes (the admission keyring: every node checks them).
+    pub keyring: Arc<tokens::Keyring>,
     pub rooms: Arc<Rooms>,
     pub store: LazyStore,
     pub stale_after: Duration,
@@ -48,6 +50,7 @@ impl BackgroundService for Admin {
         };
         let state = Arc::new(AdminState {
             token: self.token.clone(),
+            keyring: self.keyring.clone(),
             rooms: self.rooms.clone(),
             store: self.store.fork(),
             stale_after: self.stale_after,
@@ -64,6 +67,7 @@ impl BackgroundService for Admin {
 
 struct AdminState {
     token: SecretString,
+    keyring: Arc<tokens::Keyring>,
     rooms: Arc<Rooms>,
     store: LazyStore,
     stale_after: Duration,
@@ -73,6 +77,7 @@ fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/admin/events/{event}", get(get_room).put(put_room))
         .route("/admin/events/{event}/draw", get(get_draw))
+        .route("/admin/events/{event}/passes", axum::routing::post(post_pass))
         .route("/admin/signin-codes", axum::routing::post(post_signin_code))
         .route("/metrics", get(|| async { telemetry::prometheus().render() }))
         .route("/healthz", get(|| async { axum::Json(json!({ "status": "ok" })) }))
@@ -283,6 +288,58 @@ async fn put_room(
     tracing::info!(event, ?patch, version = configured.settings.version, "waiting room changed");
     let view = RoomView { drawn: Some(drawn), ..RoomView::new(event, &configured.settings) };
     Ok(axum::Json(view).into_response())
+}
+
+/// A sponsor pass asked for.
+#[derive(Debug, serde::Deserialize, serde::Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PassAsk {
+    /// The account the pass admits (as the platform's account tokens name it).
+    pub account: String,
+    /// How long the pass may wait to be used, 60 to 2,592,000 seconds (30 days); 86,400 by default.
+    #[schema(minimum = 60, maximum = 2_592_000)]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// A sponsor pass: sent as the `sponsor-pass` field of that account's join, it admits at once (within the
+/// room's `max_active`), once.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PassView {
+    pub event_id: i64,
+    pub account: String,
+    pub pass: String,
+    /// Unix seconds.
+    pub expires_at: u64,
+}
+
+/// `POST /admin/events/{event}/passes` `{"account", "ttl_seconds"}`: a signed, expiring, single-use sponsor pass
+/// for one account and this event.
+async fn post_pass(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    body: Bytes,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let ask: PassAsk = serde_json::from_slice(&body)
+        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", &e.to_string()))?;
+    let account = tokens::AccountId::parse(&ask.account).map_err(|_| {
+        error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "account: 1 to 64 of A-Z a-z 0-9 . _ - @")
+    })?;
+    let ttl = ask.ttl_seconds.unwrap_or(86_400);
+    if !(60..=2_592_000).contains(&ttl) {
+        return Err(error(StatusCode::UNPROCESSABLE_ENTITY, "setting_out_of_range", "ttl_seconds: 60 to 2,592,000"));
+    }
+    let store = state.store.get().map_err(|_| unavailable())?;
+    if store.settings(event).await.map_err(|_| unavailable())?.is_none() {
+        return Err(error(StatusCode::NOT_FOUND, "queue_not_found", "this event has no waiting room; PUT creates one"));
+    }
+    let now = tokens::unix_now();
+    let claims = tokens::PassClaims::new(account, event, now, ttl, format!("{:032x}", rand::random::<u128>()));
+    let pass = state.keyring.sign(&claims);
+    tracing::info!(event, account = %claims.sub, jti = %claims.jti, "sponsor pass issued");
+    let view = PassView { event_id: event, account: claims.sub.to_string(), pass, expires_at: claims.exp };
+    Ok((StatusCode::CREATED, axum::Json(view)).into_response())
 }
 
 /// `POST /admin/signin-codes` `{"account_token"}`: a demo sign-in code for that account token, good once for

@@ -321,8 +321,15 @@ impl Edge {
         let cookies = headers(req, &COOKIE);
         match route {
             Route::QueueJoin(_) => {
-                let altcha = req.headers.get(crate::gate::HEADER).and_then(|v| v.to_str().ok());
-                self.queue.join(event, authorization, &cookies, altcha, Some(client)).await
+                let field = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+                let ask = queue::JoinAsk {
+                    authorization,
+                    cookies: &cookies,
+                    altcha: field(crate::gate::HEADER),
+                    pass: field(queue::PASS_HEADER),
+                    client: Some(client),
+                };
+                self.queue.join(event, &ask).await
             }
             Route::QueueSignin(_) => self.queue.signin(event, req.uri.query()).await,
             // The page's URL answers JSON to a client that asks for it: caches key on Accept.

@@ -13,7 +13,7 @@ use super::reply::Reply;
 use crate::gate::Gate;
 use crate::metrics::record_gate;
 use crate::room::{self, ChallengeMode, Freshness, QueueState, Rooms, Standing};
-use crate::store::{Joined, Joining, LazyStore, QueueStore, Stepped};
+use crate::store::{Joined, Joining, LazyStore, Passed, QueueStore, Stepped};
 
 /// Cookie carrying the platform's account token for browsers (set by the platform's login, `HttpOnly`; or by
 /// the demo sign-in). The gateway never takes an account from a URL: a link that signed its reader in would
@@ -144,6 +144,20 @@ pub struct Queue {
     pub options: QueueOptions,
 }
 
+/// What a join brings: the account (`Authorization` or the account cookie), a solved challenge (`altcha`), a
+/// sponsor pass (`sponsor-pass`), and the client's address as the limits read it.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinAsk<'a> {
+    pub authorization: Option<&'a str>,
+    pub cookies: &'a [&'a str],
+    pub altcha: Option<&'a str>,
+    pub pass: Option<&'a str>,
+    pub client: Option<IpAddr>,
+}
+
+/// The request field a sponsor pass comes in.
+pub const PASS_HEADER: &str = "sponsor-pass";
+
 /// A demo sign-in code: 32 lowercase hex digits (128 random bits).
 pub fn is_signin_code(code: &str) -> bool {
     code.len() == 32 && code.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
@@ -217,14 +231,8 @@ impl Queue {
 
     /// `POST /queue/{event}/join` with an account token, and while the room's challenge is on, a solved
     /// challenge in the `altcha` field (`crate::gate`).
-    pub async fn join(
-        &self,
-        event: i64,
-        authorization: Option<&str>,
-        cookies: &[&str],
-        altcha: Option<&str>,
-        client: Option<IpAddr>,
-    ) -> Reply {
+    pub async fn join(&self, event: i64, ask: &JoinAsk<'_>) -> Reply {
+        let JoinAsk { authorization, cookies, altcha, pass, client } = *ask;
         let Some(token) = bearer(authorization).or_else(|| tokens::cookie(cookies.iter().copied(), ACCOUNT_COOKIE))
         else {
             return Reply::error(401, "account_required", "joining needs an account token (Authorization: Bearer)");
@@ -235,6 +243,9 @@ impl Queue {
             Err(e) => return Reply::error(401, "account_invalid", &format!("the account token is not valid: {e}")),
         };
         let Ok(store) = self.store.get() else { return Reply::unavailable() };
+        if let Some(pass) = pass {
+            return self.join_on_pass(store, event, &account, pass).await;
+        }
         let settings = self.settings(store, event).await;
         let gated = settings.as_ref().is_some_and(|s| s.challenge != ChallengeMode::Off);
         // A solution is checked here, in process; that it was not spent before, Redis says as it gives the
@@ -316,6 +327,45 @@ impl Queue {
                 let ticket = self.ticket(&account, event, place);
                 let answer = self.placed_body(store, event, &account, place, head, fresh).await;
                 answer.map_or_else(|refusal| refusal, |a| self.with_ticket(a, event, &ticket).into())
+            }
+        }
+    }
+
+    /// A join with a sponsor pass: admitted at once, within the room's `max_active`, once per pass.
+    async fn join_on_pass(&self, store: &QueueStore, event: i64, account: &AccountId, pass: &str) -> Reply {
+        let claims = match self.admission.verify_pass(pass) {
+            Ok(claims) => claims,
+            Err(TokenError::Expired) => return Reply::error(403, "pass_expired", "this sponsor pass has expired"),
+            Err(e) => return Reply::error(403, "pass_invalid", &format!("the sponsor pass is not valid: {e}")),
+        };
+        if claims.evt != event || claims.sub != *account {
+            return Reply::error(403, "pass_not_yours", "this sponsor pass is for another event or account");
+        }
+        let passed = store.admit_pass(event, account.as_str(), &claims.jti, claims.exp * 1000).await;
+        match passed {
+            Ok(Passed::Admitted { at_ms, session_seconds }) => {
+                crate::metrics::record_pass("admitted");
+                self.admitted(event, account, at_ms, at_ms + session_seconds * 1000).into()
+            }
+            Ok(Passed::Spent) => {
+                crate::metrics::record_pass("spent");
+                Reply::error(409, "pass_spent", "this sponsor pass was used before")
+            }
+            Ok(Passed::Full { max_active }) => {
+                crate::metrics::record_pass("full");
+                Reply::error_with(
+                    409,
+                    "room_full",
+                    "the room has as many fans in as it takes; the pass is kept: try again shortly",
+                    json!({ "max_active": max_active }),
+                )
+                .header("retry-after", "10".into())
+            }
+            Ok(Passed::Closed(state)) => closed(state),
+            Ok(Passed::Unknown) => Reply::error(404, "queue_not_found", "this event has no waiting room"),
+            Err(e) => {
+                tracing::warn!(error = %e, event, "pass failed");
+                Reply::unavailable()
             }
         }
     }

@@ -288,3 +288,71 @@ async fn join_from(node: &GatewayProcess, event: i64, account: &str, ip: &str, a
     let req = node.client.post(format!("{}/queue/{event}/join", node.base)).bearer_auth(account_token(account));
     node.send(req.header(gateway::gate::HEADER, altcha).header("x-forwarded-for", ip)).await
 }
+
+/// `gateway admin pass`: the operators' CLI mints a pass through a node's admin listener.
+fn mint_pass(node: &GatewayProcess, event: i64, account: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["admin", "--url", &node.admin, "--token", ADMIN_TOKEN, "pass", &event.to_string(), "--account", account])
+        .output()
+        .expect("run gateway admin pass");
+    assert!(out.status.success(), "gateway admin pass: {}", String::from_utf8_lossy(&out.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the pass as JSON");
+    view["pass"].as_str().expect("a pass").to_owned()
+}
+
+async fn join_on_pass(node: &GatewayProcess, event: i64, account: &str, pass: &str) -> Reply {
+    let req = node.client.post(format!("{}/queue/{event}/join", node.base)).bearer_auth(account_token(account));
+    node.send(req.header("sponsor-pass", pass)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sponsor_pass_admits_its_account_at_once_within_max_active_and_only_once() {
+    let upstream = Upstream::start().await;
+    let p = prefix();
+    let a = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let b = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let event = 351;
+    // A gated room that admits one fan a minute and at most two at once: the line would take a while.
+    gated_room(&a, event, json!({"state": "open", "admit_per_minute": 1, "max_active": 2})).await;
+    b.wait_for_room(event).await;
+    let vip = mint_pass(&a, event, "vip-1");
+
+    // On the other node, with no challenge solved: in at once, with a proof booking takes.
+    let joined = join_on_pass(&b, event, "vip-1", &vip).await;
+    assert_eq!((joined.status, joined.body["state"].as_str()), (200, Some("admitted")), "{}", joined.text);
+    let proof = joined.body["admission_token"].as_str().expect("a proof");
+    let reached = b.get(&format!("/events/{event}/seats"), &[("authorization", &format!("Bearer {proof}"))]).await;
+    assert_eq!(reached.status, 200, "{}", reached.text);
+    // Single use, on any node.
+    for node in [&a, &b] {
+        let again = join_on_pass(node, event, "vip-1", &vip).await;
+        assert_eq!((again.status, again.code()), (409, "pass_spent"), "{}", again.text);
+    }
+    // Bound to its account and event; signed here or worthless.
+    let theirs = mint_pass(&a, event, "vip-2");
+    assert_eq!(join_on_pass(&a, event, "vip-3", &theirs).await.code(), "pass_not_yours");
+    gated_room(&a, event + 1, json!({"state": "open"})).await;
+    assert_eq!(join_on_pass(&a, event + 1, "vip-2", &theirs).await.code(), "pass_not_yours");
+    let forged = tokens::Keyring::parse(OTHER_SECRET_SAME_KID).expect("keys").sign(&tokens::PassClaims::new(
+        tokens::AccountId::parse("vip-2").expect("id"),
+        event,
+        unix_now(),
+        600,
+        "made-up".into(),
+    ));
+    let refused = join_on_pass(&a, event, "vip-2", &forged).await;
+    assert_eq!((refused.status, refused.code()), (403, "pass_invalid"), "{}", refused.text);
+
+    // Within max_active: the second pass fills the room; the third waits, kept, until there is room.
+    assert_eq!(join_on_pass(&a, event, "vip-2", &theirs).await.body["state"], "admitted");
+    let third = mint_pass(&b, event, "vip-4");
+    let full = join_on_pass(&a, event, "vip-4", &third).await;
+    assert_eq!((full.status, full.code()), (409, "room_full"), "{}", full.text);
+    assert!(full.header("retry-after").is_some());
+    a.configure(event, json!({"max_active": 3})).await;
+    let admitted = join_on_pass(&b, event, "vip-4", &third).await;
+    assert_eq!(admitted.body["state"], "admitted", "{}", admitted.text);
+    let passes = a.metric("gateway_passes_total{outcome=\"admitted\"}").await.unwrap_or(0)
+        + b.metric("gateway_passes_total{outcome=\"admitted\"}").await.unwrap_or(0);
+    assert_eq!(passes, 3);
+}
