@@ -136,8 +136,8 @@ struct OnsaleArgs {
     #[arg(long, value_enum, default_value_t = crowd::BotsSolve::None)]
     bots_solve: crowd::BotsSolve,
     /// CPU each bot may spend solving over the run, in ms of this machine's solver.
-    #[arg(long, default_value_t = 1000)]
-    bot_cpu_ms: u64,
+    #[arg(long, default_value_t = 1000.0)]
+    bot_cpu_ms: f64,
     /// Joins a bot tries while the gate refuses it.
     #[arg(long, default_value_t = 3)]
     bot_attempts: u32,
@@ -230,7 +230,7 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
         bots: args.bots,
         bot_addresses: args.bot_addresses as usize,
         bots_solve: args.bots_solve,
-        bot_budget_hashes: (args.bot_cpu_ms as f64 * 1e6 / ns_per_hash.max(1.0)) as u64,
+        bot_budget_hashes: (args.bot_cpu_ms.max(0.0) * 1e6 / ns_per_hash.max(1.0)) as u64,
         bot_attempts: args.bot_attempts.max(1),
     };
     let settings = Settings {
