@@ -3,6 +3,7 @@
 
 use plotters::prelude::*;
 
+use crate::crowd::CrowdFigures;
 use crate::run::{Percentiles, Sample};
 
 /// One line of a chart: its name, colour and points (seconds into the run, value).
@@ -66,7 +67,7 @@ fn p99(p: &Percentiles) -> f64 {
 
 /// The page: fans waiting and admitted, admissions a minute against the rate setting, seats sold, hold and
 /// checkout latency, and the seat map's delta latency, each over time.
-pub fn page(title: &str, series: &[Sample], rate_setting: Option<u32>) -> String {
+pub fn page(title: &str, series: &[Sample], rate_setting: Option<u32>, crowd: Option<&CrowdFigures>) -> String {
     let points = |f: &dyn Fn(&Sample) -> f64| series.iter().map(|s| (s.at_seconds, f(s))).collect::<Vec<_>>();
     let latency = |which: fn(&Sample) -> &Percentiles, q: fn(&Percentiles) -> f64| latency_points(series, which, q);
     let mut admissions = Vec::new();
@@ -85,21 +86,19 @@ pub fn page(title: &str, series: &[Sample], rate_setting: Option<u32>) -> String
             points: vec![(0.0, f64::from(setting)), (end, f64::from(setting))],
         });
     }
+    let mut crowd_lines = vec![
+        Line { name: "waiting", colour: RED, points: points(&|s| s.waiting as f64) },
+        Line { name: "admitted (total)", colour: BLUE, points: points(&|s| s.admitted as f64) },
+    ];
+    let mut seat_lines = vec![Line { name: "seats sold", colour: GREEN, points: points(&|s| s.seats_sold as f64) }];
+    if crowd.is_some_and(|c| c.bots.accounts > 0) {
+        crowd_lines.push(Line { name: "bots admitted", colour: MAGENTA, points: points(&|s| s.bots_admitted as f64) });
+        seat_lines.push(Line { name: "seats bots bought", colour: MAGENTA, points: points(&|s| s.bots_seats as f64) });
+    }
     let charts = [
-        chart(
-            "Fans waiting and admitted",
-            "fans",
-            &[
-                Line { name: "waiting", colour: RED, points: points(&|s| s.waiting as f64) },
-                Line { name: "admitted (total)", colour: BLUE, points: points(&|s| s.admitted as f64) },
-            ],
-        ),
+        chart("Fans waiting and admitted", "fans", &crowd_lines),
         chart("Admissions a minute", "fans a minute", &rate),
-        chart(
-            "Seats sold",
-            "seats",
-            &[Line { name: "seats sold", colour: GREEN, points: points(&|s| s.seats_sold as f64) }],
-        ),
+        chart("Seats sold", "seats", &seat_lines),
         chart(
             "Hold and checkout latency",
             "ms",
@@ -125,12 +124,42 @@ pub fn page(title: &str, series: &[Sample], rate_setting: Option<u32>) -> String
          <h1>{title}</h1><p>Every point covers the seconds since the one before it (latencies are that window's \
          percentiles; counts are totals so far).</p>\n"
     );
+    if let Some(c) = crowd {
+        html.push_str(&crowd_table(c));
+    }
     for svg in charts.iter().filter(|svg| !svg.is_empty()) {
         html.push_str("<figure>");
         html.push_str(svg);
         html.push_str("</figure>\n");
     }
     html.push_str("</body></html>\n");
+    html
+}
+
+/// Fans against bots, as a table.
+fn crowd_table(c: &CrowdFigures) -> String {
+    let share = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}%", v * 100.0));
+    let rows: [(&str, u64, u64); 6] = [
+        ("places", c.fans.places, c.bots.places),
+        ("held in the endless queue", c.fans.held_in_the_endless_queue, c.bots.held_in_the_endless_queue),
+        ("admitted", c.fans.admitted, c.bots.admitted),
+        ("orders", c.fans.orders, c.bots.orders),
+        ("seats", c.fans.seats, c.bots.seats),
+        ("refused at the gate", c.fans.refused_by_the_gate, c.bots.refused_by_the_gate),
+    ];
+    let mut html = String::from("<table><tr><th></th><th>fans</th><th>bots</th></tr>");
+    for (what, fans, bots) in rows {
+        html.push_str(&format!("<tr><td>{what}</td><td>{fans}</td><td>{bots}</td></tr>"));
+    }
+    html.push_str(&format!(
+        "<tr><td>solving CPU</td><td>{:.1} s</td><td>{:.1} s</td></tr></table>\n<p>Bots' share: {} of places, {} \
+         of seats, {} of the solving CPU.</p>\n",
+        c.fans.solving_cpu_seconds,
+        c.bots.solving_cpu_seconds,
+        share(c.bots_share_of_places),
+        share(c.bots_share_of_seats),
+        share(c.bots_share_of_solving)
+    ));
     html
 }
 
@@ -146,11 +175,13 @@ mod tests {
             admitted,
             waiting: 100 - admitted,
             seats_sold: admitted * 2,
+            bots_admitted: 0,
+            bots_seats: 0,
             hold_ms: Percentiles { count: 3, p50: 2.0, p95: 5.0, p99: 9.0, max: 9.0 },
             checkout_ms: Percentiles::default(),
             delta_ms: Percentiles { count: 3, p50: 1.0, p95: 3.0, p99: 4.0, max: 4.0 },
         };
-        let html = page("Run", &[sample(0.0, 0), sample(5.0, 40), sample(10.0, 90)], Some(600));
+        let html = page("Run", &[sample(0.0, 0), sample(5.0, 40), sample(10.0, 90)], Some(600), None);
         assert_eq!(html.matches("<svg").count(), 5, "five charts");
         // The checkout latency has no sample at all: its line is empty, not drawn at zero.
         let series = [sample(0.0, 0), sample(5.0, 40)];
@@ -161,6 +192,49 @@ mod tests {
         }
         for fetch in ["src=", "href=", "<script", "@import", "url("] {
             assert!(!html.contains(fetch), "self-contained: {fetch}");
+        }
+    }
+
+    #[test]
+    fn a_run_with_bots_draws_them_apart_and_tabulates_both_kinds() {
+        let kind = |accounts, seats| crate::crowd::KindFigures {
+            accounts,
+            places: accounts,
+            held_in_the_endless_queue: 0,
+            admitted: accounts,
+            orders: seats / 2,
+            seats,
+            solves: accounts,
+            hashes: accounts * 10,
+            solving_cpu_seconds: 1.0,
+            refused_by_the_gate: 0,
+            out_of_budget: 0,
+        };
+        let crowd = CrowdFigures {
+            ns_per_hash: 300.0,
+            fans: kind(10, 20),
+            bots: kind(5, 6),
+            bots_share_of_places: Some(1.0 / 3.0),
+            bots_share_of_seats: Some(6.0 / 26.0),
+            bots_share_of_solving: Some(1.0 / 3.0),
+            fan_cpu_ms_per_place: Some(100.0),
+            bot_cpu_ms_per_place: Some(200.0),
+        };
+        let sample = Sample {
+            at_seconds: 1.0,
+            joined: 15,
+            admitted: 15,
+            waiting: 0,
+            seats_sold: 26,
+            bots_admitted: 5,
+            bots_seats: 6,
+            hold_ms: Percentiles::default(),
+            checkout_ms: Percentiles::default(),
+            delta_ms: Percentiles::default(),
+        };
+        let html = page("Run", &[sample.clone(), Sample { at_seconds: 2.0, ..sample }], None, Some(&crowd));
+        for text in ["bots admitted", "seats bots bought", "<td>seats</td><td>20</td><td>6</td>", "23.1% of seats"] {
+            assert!(html.contains(text), "{text}");
         }
     }
 }

@@ -332,14 +332,14 @@ async fn onsale(args: OnsaleArgs) -> anyhow::Result<()> {
     result.with_context(|| format!("the run did not end within {} s", bound.as_secs()))?.context("the goose run")?;
 
     run.stats.sample(wall, Some(&map));
+    let agreement = map.agreement().await;
+    let summary = run.stats.summary(wall, &run.settings, Some((&map, agreement)));
     let title = format!("On-sale run, event {}", args.event);
     std::fs::write(
         args.out.join("charts.html"),
-        chart::page(&title, &run.stats.series(), args.admit_per_minute_setting),
+        chart::page(&title, &run.stats.series(), args.admit_per_minute_setting, summary.crowd.as_ref()),
     )?;
     std::fs::write(args.out.join("series.json"), serde_json::to_string_pretty(&run.stats.series())?)?;
-    let agreement = map.agreement().await;
-    let summary = run.stats.summary(wall, &run.settings, Some((&map, agreement)));
     let confirmed = run.stats.take_confirmed();
     let mut orders = String::new();
     for c in &confirmed {

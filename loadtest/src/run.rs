@@ -122,6 +122,11 @@ pub struct Sample {
     /// Fans in the queue now (joined, and neither admitted nor gone).
     pub waiting: u64,
     pub seats_sold: u64,
+    /// Of those, admitted bots and the seats bots bought (`crate::crowd`).
+    #[serde(default)]
+    pub bots_admitted: u64,
+    #[serde(default)]
+    pub bots_seats: u64,
     pub hold_ms: Percentiles,
     pub checkout_ms: Percentiles,
     pub delta_ms: Percentiles,
@@ -214,6 +219,8 @@ impl Stats {
                 admitted,
                 waiting: joined.saturating_sub(admitted + gone),
                 seats_sold: get(&self.seats_sold),
+                bots_admitted: get(&self.crowd.bots.admitted),
+                bots_seats: get(&self.crowd.bots.seats),
                 hold_ms: window(&t.hold_ms, h),
                 checkout_ms: window(&t.checkout_ms, c),
                 delta_ms: Percentiles::of(deltas),
