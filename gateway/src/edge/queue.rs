@@ -287,7 +287,7 @@ impl Queue {
                 return Reply::unavailable();
             }
         };
-        if payment.is_some() && matches!(joined, Joined::Place { .. } | Joined::Prequeue { .. }) {
+        if gated && payment.is_some() && matches!(joined, Joined::Place { .. } | Joined::Prequeue { .. }) {
             record_gate("solved");
         }
         match joined {
