@@ -6,9 +6,11 @@
 -- ARGV[2] ms worth (at least one fan); a room that has just opened starts with that full burst. The step then walks the queue from the head in place order: a fan not
 -- seen for abandon_after_seconds is skipped (counted, and its place released) without spending credit; any
 -- other fan is admitted, spending one credit, while fewer than max_active fans were admitted within the last
--- session_seconds.
+-- session_seconds. When nobody waits in the queue itself, the next fan of the line behind the code holders
+-- (a codes_first room's fans without a code) takes the next place first, or is skipped as abandoned (counted,
+-- no place given).
 --
--- KEYS (the same seventeen for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-two for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
 --                                                   all_held (1: every seat left is held; nobody is admitted)
@@ -21,13 +23,20 @@
 --   8 active (sorted set) <p>queue:{evE}:active    account, score = when it was admitted (ms)
 --   9 skipped (zset)      <p>queue:{evE}:skipped   place (score = place) of each fan skipped as abandoned
 --  10 batches (zset)      <p>queue:{evE}:batches   "from:to:at_ms:admitted", score = to: each step that moved head
---  11 stats (hash)        <p>queue:{evE}:stats     credit, last_ms, admitted_total, abandoned_total
+--  11 stats (hash)        <p>queue:{evE}:stats     credit, last_ms, admitted_total, abandoned_total, later_seq,
+--                                                   later_head, later_promoted (places given from that line)
 --  12 waits (list)        <p>queue:{evE}:waits     the waits (ms) of the last 1000 admitted fans, newest first
 --  13 pre (set)           <p>queue:{evE}:pre       accounts in the pre-queue
 --  14 prelist (list)      <p>queue:{evE}:prelist   the same accounts in join order (kept after opening, for audit)
 --  15 shuffle (hash)      <p>queue:{evE}:shuffle   seed, count, base, at_ms of the pre-queue draw
 --  16 spent (zset)        <p>queue:{evE}:spent     nonce of each challenge a join was paid with, score = its expiry (ms)
 --  17 networks (hash)     <p>queue:{evE}:networks  client network (address prefix) -> places it was given
+--  18 codes (hash)       <p>queue:{evE}:codes     presale code -> "batch:uses_cap:starts_ms:ends_ms" (ends 0 = none)
+--  19 uses (hash)        <p>queue:{evE}:uses      presale code -> how many accounts redeemed it
+--  20 holders (hash)     <p>queue:{evE}:holders   account -> "code:at_ms": the code it redeemed here, and when
+--  21 later (hash)       <p>queue:{evE}:later     account -> its number in the line of fans who joined without
+--                                                   a code while code holders go first (stats later_seq/_head)
+--  22 laterwho (hash)    <p>queue:{evE}:laterwho  number -> account, for that line
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     most places one step may walk past (bounds the script's run time)
 -- ARGV[2]     burst: the most credit that may accrue, in ms of the admission rate
@@ -78,26 +87,56 @@ local seq = tonumber(redis.call('GET', KEYS[2]) or '0')
 local from = head
 local admitted, skipped, walked = 0, 0, 0
 local limit = tonumber(ARGV[1])
-while head < seq and admitted + 1 <= credit and admitted < room and walked < limit do
-  local place = head + 1
-  local account = redis.call('HGET', KEYS[5], place)
-  if account then
-    local seen = tonumber(redis.call('ZSCORE', KEYS[7], account) or '0')
-    if now - seen > abandon then
-      redis.call('ZADD', KEYS[9], place, place)
-      if tonumber(redis.call('HGET', KEYS[4], account) or '0') == place then
-        redis.call('HDEL', KEYS[4], account)
+local lseq = tonumber(redis.call('HGET', KEYS[11], 'later_seq') or '0')
+local lhead = tonumber(redis.call('HGET', KEYS[11], 'later_head') or '0')
+local lfrom = lhead
+local gone, promoted = 0, 0
+while (head < seq or lhead < lseq) and admitted + 1 <= credit and admitted < room and walked < limit do
+  if head == seq then
+    -- Nobody waits in the queue itself: the next fan of the line behind the code holders takes the next place
+    -- (unless gone, or moved into the queue on a code meanwhile).
+    lhead = lhead + 1
+    local account = redis.call('HGET', KEYS[22], lhead)
+    redis.call('HDEL', KEYS[22], lhead)
+    if account and tonumber(redis.call('HGET', KEYS[21], account) or '0') == lhead then
+      redis.call('HDEL', KEYS[21], account)
+      local seen = tonumber(redis.call('ZSCORE', KEYS[7], account) or '0')
+      if now - seen > abandon then
+        gone = gone + 1
+      else
+        seq = seq + 1
+        promoted = promoted + 1
+        redis.call('SET', KEYS[2], seq)
+        redis.call('HSET', KEYS[4], account, seq)
+        redis.call('HSET', KEYS[5], seq, account)
       end
-      skipped = skipped + 1
-    else
-      redis.call('ZADD', KEYS[8], now, account)
-      local joined = tonumber(redis.call('HGET', KEYS[6], account) or now)
-      redis.call('LPUSH', KEYS[12], now - joined)
-      admitted = admitted + 1
     end
+  else
+    local place = head + 1
+    local account = redis.call('HGET', KEYS[5], place)
+    if account then
+      local seen = tonumber(redis.call('ZSCORE', KEYS[7], account) or '0')
+      if now - seen > abandon then
+        redis.call('ZADD', KEYS[9], place, place)
+        if tonumber(redis.call('HGET', KEYS[4], account) or '0') == place then
+          redis.call('HDEL', KEYS[4], account)
+        end
+        skipped = skipped + 1
+      else
+        redis.call('ZADD', KEYS[8], now, account)
+        local joined = tonumber(redis.call('HGET', KEYS[6], account) or now)
+        redis.call('LPUSH', KEYS[12], now - joined)
+        admitted = admitted + 1
+      end
+    end
+    head = place
   end
-  head = place
   walked = walked + 1
+end
+if lhead > lfrom then
+  redis.call('HSET', KEYS[11], 'later_head', lhead)
+  redis.call('HINCRBY', KEYS[11], 'abandoned_total', gone)
+  redis.call('HINCRBY', KEYS[11], 'later_promoted', promoted)
 end
 
 redis.call('HSET', KEYS[11], 'credit', tostring(credit - admitted), 'last_ms', now)
@@ -108,4 +147,4 @@ if head > from then
   redis.call('HINCRBY', KEYS[11], 'abandoned_total', skipped)
   redis.call('LTRIM', KEYS[12], 0, 999)
 end
-return {'stepped', head, seq, admitted, skipped}
+return {'stepped', head, seq, admitted, skipped + gone}

@@ -7,7 +7,7 @@
 -- so anyone can recompute every place (gateway/src/shuffle.rs does, and a test checks it against this script).
 -- Live joiners get places after the drawn ones, because joins see `prequeue` until this script has run.
 --
--- KEYS (the same seventeen for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-two for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
@@ -19,13 +19,20 @@
 --   8 active (sorted set) <p>queue:{evE}:active    account, score = when it was admitted (ms)
 --   9 skipped (zset)      <p>queue:{evE}:skipped   place (score = place) of each fan skipped as abandoned
 --  10 batches (zset)      <p>queue:{evE}:batches   "from:to:at_ms:admitted", score = to: each step that moved head
---  11 stats (hash)        <p>queue:{evE}:stats     credit, last_ms, admitted_total, abandoned_total
+--  11 stats (hash)        <p>queue:{evE}:stats     credit, last_ms, admitted_total, abandoned_total, later_seq,
+--                                                   later_head, later_promoted (places given from that line)
 --  12 waits (list)        <p>queue:{evE}:waits     the waits (ms) of the last 1000 admitted fans, newest first
 --  13 pre (set)           <p>queue:{evE}:pre       accounts in the pre-queue
 --  14 prelist (list)      <p>queue:{evE}:prelist   the same accounts in join order (kept after opening, for audit)
 --  15 shuffle (hash)      <p>queue:{evE}:shuffle   seed, count, base, at_ms of the pre-queue draw
 --  16 spent (zset)        <p>queue:{evE}:spent     nonce of each challenge a join was paid with, score = its expiry (ms)
 --  17 networks (hash)     <p>queue:{evE}:networks  client network (address prefix) -> places it was given
+--  18 codes (hash)       <p>queue:{evE}:codes     presale code -> "batch:uses_cap:starts_ms:ends_ms" (ends 0 = none)
+--  19 uses (hash)        <p>queue:{evE}:uses      presale code -> how many accounts redeemed it
+--  20 holders (hash)     <p>queue:{evE}:holders   account -> "code:at_ms": the code it redeemed here, and when
+--  21 later (hash)       <p>queue:{evE}:later     account -> its number in the line of fans who joined without
+--                                                   a code while code holders go first (stats later_seq/_head)
+--  22 laterwho (hash)    <p>queue:{evE}:laterwho  number -> account, for that line
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     the new state: prequeue, open, paused or closed (sold_out is set by the gateway itself)
 -- ARGV[2]     seed of the draw, 1 .. 2147483646
@@ -44,7 +51,8 @@ local target = ARGV[1]
 if ARGV[3] ~= '' and state ~= ARGV[3] then
   return {'changed', state}
 end
-if target == 'prequeue' and state ~= 'prequeue' and tonumber(redis.call('GET', KEYS[2]) or '0') > 0 then
+local given = tonumber(redis.call('GET', KEYS[2]) or '0') + (tonumber(redis.call('HGET', KEYS[11], 'later_seq')) or 0)
+if target == 'prequeue' and state ~= 'prequeue' and given > 0 then
   return {'refused', state}
 end
 

@@ -5,13 +5,13 @@
 -- window is measured on Redis's clock and the decision is recorded, so it is made once per window, not once
 -- per node.
 --
--- KEYS (the same seventeen for every queue script, built by gateway/src/store.rs `QueueKeys`; this one reads):
+-- KEYS (the same twenty-two for every queue script, built by gateway/src/store.rs `QueueKeys`; this one reads):
 --   1 settings (hash)     <p>queue:{evE}:settings  challenge, challenge_difficulty, challenge_min_difficulty,
 --                                                   challenge_max_difficulty, challenge_window_seconds,
 --                                                   admit_per_minute (written: challenge_difficulty, version)
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out
 --  11 stats (hash)        <p>queue:{evE}:stats     tune_ms, tune_joins: when the last decision was made, and the
---                                                   joins counted then (written)
+--                                                   joins counted then (written); later_seq, later_promoted
 --  13 pre (set)           <p>queue:{evE}:pre       accounts in the pre-queue
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV        none
@@ -31,7 +31,11 @@ local lowest = tonumber(s[3]) or difficulty
 local highest = tonumber(s[4]) or difficulty
 local window = (tonumber(s[5]) or 10) * 1000
 local rate = tonumber(s[6]) or 0
+-- Places given, pre-queue entries, and numbers in the line behind the code holders (a number moved into the
+-- queue is one join, not two).
+local counters = redis.call('HMGET', KEYS[11], 'later_seq', 'later_promoted')
 local joins = tonumber(redis.call('GET', KEYS[2]) or '0') + redis.call('SCARD', KEYS[13])
+  + (tonumber(counters[1]) or 0) - (tonumber(counters[2]) or 0)
 local last = redis.call('HMGET', KEYS[11], 'tune_ms', 'tune_joins')
 local since = tonumber(last[1] or '')
 if not since or now < since then

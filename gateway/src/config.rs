@@ -19,7 +19,7 @@ pub enum Command {
     /// Run the gateway: the public listener (waiting room and proxy) and the admin listener.
     Serve(Box<Config>),
     /// Read or change an event's waiting room through a gateway's admin listener.
-    Admin(AdminArgs),
+    Admin(Box<AdminArgs>),
     /// Print the OpenAPI document of the waiting room and the admin API.
     Openapi,
 }
@@ -284,6 +284,10 @@ pub enum AdminAction {
         /// Most places one client network (address prefix) is given in the room; 0: no cap.
         #[arg(long)]
         places_per_network: Option<u32>,
+        /// public, code_required (only presale code holders join) or codes_first (code holders are admitted
+        /// ahead of everyone who joined without one).
+        #[arg(long)]
+        access: Option<String>,
     },
     /// Show the recorded pre-queue draw (seed, join order) and check it by recomputing every place.
     Draw { event: i64 },
@@ -297,6 +301,29 @@ pub enum AdminAction {
         /// How long the pass may wait to be used, in seconds (60 to 2,592,000).
         #[arg(long, default_value_t = 86_400)]
         ttl_seconds: u64,
+    },
+    /// Make a batch of presale codes for this event and print them; with --list, show the batches and who
+    /// redeemed what instead.
+    Codes {
+        event: i64,
+        /// Show the room's batches and redemptions; make nothing.
+        #[arg(long, conflicts_with_all = ["count", "uses", "code", "starts_at", "ends_at"])]
+        list: bool,
+        /// How many codes, 1 to 100,000.
+        #[arg(long)]
+        count: Option<u32>,
+        /// How many accounts each code admits (1: single use).
+        #[arg(long)]
+        uses: Option<u32>,
+        /// The code itself, for one shared code (4 to 32 of A-Z 0-9).
+        #[arg(long)]
+        code: Option<String>,
+        /// When the codes start to work: Unix seconds or `+N` seconds from now (now by default).
+        #[arg(long)]
+        starts_at: Option<String>,
+        /// When they stop: Unix seconds or `+N` seconds from now (never by default).
+        #[arg(long)]
+        ends_at: Option<String>,
     },
 }
 

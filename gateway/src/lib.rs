@@ -12,6 +12,7 @@
 //! `main` and the OpenAPI document.
 
 pub mod admin;
+pub mod codes;
 pub mod config;
 pub mod edge;
 pub mod gate;

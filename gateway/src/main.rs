@@ -39,7 +39,7 @@ fn main() -> anyhow::Result<()> {
 
     match Cli::parse().command {
         Command::Serve(cfg) => serve(*cfg),
-        Command::Admin(args) => gateway::admin::client::run(args),
+        Command::Admin(args) => gateway::admin::client::run(*args),
         Command::Openapi => {
             println!("{}", gateway::openapi::document());
             Ok(())
@@ -78,6 +78,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         rooms: rooms.clone(),
         store: store.fork(),
         gate: Gate::from_keyring_spec(cfg.admission_keys.expose_secret()),
+        limits: limits.clone(),
         options: QueueOptions {
             account_issuer: cfg.account_issuer.clone(),
             ticket_ttl_seconds: cfg.ticket_ttl_seconds,

@@ -82,3 +82,8 @@ pub fn record_gate(outcome: &'static str) {
 pub fn record_pass(outcome: &'static str) {
     metrics::counter!("gateway_passes_total", "outcome" => outcome).increment(1);
 }
+
+/// A join that sent a presale code: `accepted` (it gave or returned a place) or `refused`.
+pub fn record_code(outcome: &'static str) {
+    metrics::counter!("gateway_presale_codes_total", "outcome" => outcome).increment(1);
+}

@@ -9,9 +9,10 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use crate::admin::{DrawView, LiveView, PassAsk, PassView, RoomView};
+use crate::admin::{CodesMade, DrawView, LiveView, PassAsk, PassView, RoomView};
+use crate::codes::{Batch, BatchAsk, BatchView, Redemption, Report};
 use crate::edge::queue::QueueAnswer;
-use crate::room::{ChallengeMode, QueueState, SettingsPatch};
+use crate::room::{Access, ChallengeMode, QueueState, SettingsPatch};
 
 /// Every error: `{"error": "<stable_code>", "message": "<sentence>", ...details}`.
 #[derive(ToSchema)]
@@ -29,16 +30,19 @@ pub struct ErrorBody {
         ("event_id" = i64, Path, minimum = 1, description = "event id"),
         ("altcha" = Option<String>, Header, description = "base64 of `{\"challenge\", \"solution\": {\"counter\", \"derivedKey\"}}`"),
         ("sponsor-pass" = Option<String>, Header, description = "a sponsor pass for this account and event: admitted at once (within `max_active`), once"),
+        ("presale-code" = Option<String>, Header, description = "a presale code for this event (case, dashes and spaces do not matter); redeemed once per account while the room's `access` is `code_required` or `codes_first`"),
     ),
     security(("account" = [])),
     responses(
         (status = 200, body = QueueAnswer, description = "the fan's place (or admission), with its ticket"),
-        (status = 400, body = ErrorBody, description = "challenge_malformed, ..."), (status = 401, body = ErrorBody),
+        (status = 400, body = ErrorBody, description = "challenge_malformed, code_malformed, ..."),
+        (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody, description = "challenge_failed, challenge_not_yours, pass_invalid, \
-            pass_expired, pass_not_yours"),
+            pass_expired, pass_not_yours, code_required, code_unknown, code_other_event, code_not_yet (with \
+            `starts_at`), code_ended (with `ended_at`)"),
         (status = 404, body = ErrorBody), (status = 405, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "queue_closed, sold_out, challenge_spent, pass_spent, \
-            room_full"),
+            room_full, code_spent"),
         (status = 428, body = ErrorBody, description = "challenge_required, challenge_expired: with `challenge`, \
             `difficulty` and `field`"),
         (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),
@@ -144,6 +148,33 @@ fn put_room() {}
     ))]
 fn post_pass() {}
 
+/// Make a batch of presale codes for this room (admin listener): `count` single-use codes, or one code that
+/// `uses` accounts share, each working from `starts_at` until `ends_at`.
+#[utoipa::path(post, path = "/admin/events/{event_id}/codes", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    request_body = BatchAsk,
+    security(("admin" = [])),
+    responses(
+        (status = 201, body = CodesMade),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "code_exists"),
+        (status = 422, body = ErrorBody, description = "invalid_request, setting_out_of_range"),
+        (status = 503, body = ErrorBody),
+    ))]
+fn post_codes() {}
+
+/// A room's presale codes: its batches with their redemptions counted, and who redeemed which code (newest
+/// first, at most 10,000) (admin listener).
+#[utoipa::path(get, path = "/admin/events/{event_id}/codes", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, body = Report),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ))]
+fn get_codes() {}
+
 /// The recorded pre-queue draw, for anyone to recompute (admin listener).
 #[utoipa::path(get, path = "/admin/events/{event_id}/draw", tag = "admin",
     params(("event_id" = i64, Path, minimum = 1, description = "event id")),
@@ -161,8 +192,8 @@ fn get_draw() {}
         API on the admin listener. `/events/{event_id}/...` is forwarded to booking (see booking's document) with \
         an admission proof; `/events/{event_id}/seats/status` and `/seats/layout/{catalogue_version}` without \
         one, under the per-IP limit."),
-    paths(join, solver, status, page, seat_stream, healthz, get_room, put_room, post_pass, get_draw),
-    components(schemas(ErrorBody, QueueAnswer, RoomView, LiveView, DrawView, PassAsk, PassView, SettingsPatch, QueueState, ChallengeMode)),
+    paths(join, solver, status, page, seat_stream, healthz, get_room, put_room, post_pass, post_codes, get_codes, get_draw),
+    components(schemas(ErrorBody, QueueAnswer, RoomView, LiveView, DrawView, PassAsk, PassView, SettingsPatch, QueueState, ChallengeMode, Access, BatchAsk, CodesMade, Report, BatchView, Batch, Redemption)),
     modifiers(&Security),
 )]
 struct ApiDoc;

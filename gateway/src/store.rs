@@ -37,9 +37,9 @@ pub struct QueueKeys {
 }
 
 /// The keys every queue script receives, in this order (the scripts' headers list them).
-const KEY_NAMES: [&str; 17] = [
+const KEY_NAMES: [&str; 22] = [
     "settings", "seq", "head", "places", "who", "joined", "seen", "active", "skipped", "batches", "stats", "waits",
-    "pre", "prelist", "shuffle", "spent", "networks",
+    "pre", "prelist", "shuffle", "spent", "networks", "codes", "uses", "holders", "later", "laterwho",
 ];
 
 impl QueueKeys {
@@ -51,7 +51,7 @@ impl QueueKeys {
         format!("{}{name}", self.base)
     }
 
-    /// All seventeen keys, in script order.
+    /// All twenty-two keys, in script order.
     pub fn all(&self) -> Vec<String> {
         KEY_NAMES.iter().map(|name| self.key(name)).collect()
     }
@@ -158,6 +158,12 @@ pub fn rooms_key(prefix: &str) -> String {
     format!("{prefix}queue:rooms")
 }
 
+/// Which room each presale code belongs to (no hash tag: it spans every event), so that a code sent to another
+/// room is told apart from one that does not exist.
+pub fn codes_index_key(prefix: &str) -> String {
+    format!("{prefix}queue:codes")
+}
+
 /// A demo sign-in code (no hash tag: a key on its own).
 pub fn signin_key(prefix: &str, code: &str) -> String {
     format!("{prefix}gateway:signin:{code}")
@@ -211,6 +217,26 @@ pub enum Joined {
     Spent,
     /// The client's network was given the room's `places_per_network` places already: nothing was done.
     NetworkFull { cap: u64 },
+    /// In the line behind the code holders (a `codes_first` room, joined without a code): `number` in that
+    /// line, at `position` (every queue place waiting comes first).
+    Later { number: u64, position: u64 },
+    /// The presale code was refused (or the room takes code holders only and none was sent): nothing was done.
+    Code(CodeRefusal),
+}
+
+/// Why a join's presale code was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeRefusal {
+    /// The room takes code holders only and the join sent no code.
+    Required,
+    /// No such code in this room.
+    Unknown,
+    /// Redeemed by as many accounts as it allows.
+    Spent,
+    /// Its window begins at `starts_ms`.
+    NotYet { starts_ms: u64 },
+    /// Its window ended at `ends_ms`.
+    Ended { ends_ms: u64 },
 }
 
 /// Who joins: the account, its client's network (address prefix; empty when unknown), and the challenge it
@@ -220,6 +246,8 @@ pub struct Joining<'a> {
     pub account: &'a str,
     pub network: &'a str,
     pub payment: Option<&'a Payment>,
+    /// The presale code sent, normalised ([`crate::codes::normalise`]); empty when none.
+    pub code: &'a str,
 }
 
 /// What a sponsor pass did.
@@ -475,7 +503,7 @@ impl QueueStore {
             Some(paid) => inv.arg(&paid.nonce).arg(paid.expires_at_ms),
             None => inv.arg("").arg(0),
         };
-        inv.arg(joining.network);
+        inv.arg(joining.network).arg(joining.code);
         let mut conn = self.conn.clone();
         let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
         let joined = match p.first().map(String::as_str) {
@@ -487,10 +515,16 @@ impl QueueStore {
             Some("challenge") => Joined::ChallengeRequired,
             Some("spent") => Joined::Spent,
             Some("network_full") => Joined::NetworkFull { cap: number(&p, 1)? },
+            Some("later") => Joined::Later { number: number(&p, 1)?, position: number(&p, 2)? },
+            Some("code_required") => Joined::Code(CodeRefusal::Required),
+            Some("code_unknown") => Joined::Code(CodeRefusal::Unknown),
+            Some("code_spent") => Joined::Code(CodeRefusal::Spent),
+            Some("code_not_yet") => Joined::Code(CodeRefusal::NotYet { starts_ms: number(&p, 1)? }),
+            Some("code_ended") => Joined::Code(CodeRefusal::Ended { ends_ms: number(&p, 1)? }),
             _ => return Err(StoreError::Reply(p.join(" "))),
         };
         // A place given earlier is waited for too: the answer that gave it may have been refused unreplicated.
-        if matches!(joined, Joined::Prequeue { .. } | Joined::Place { .. }) {
+        if matches!(joined, Joined::Prequeue { .. } | Joined::Place { .. } | Joined::Later { .. }) {
             self.replicate(event, true).await?;
         }
         Ok(joined)
@@ -720,6 +754,8 @@ impl QueueStore {
                 admitted_total: stat("admitted_total"),
                 abandoned_total: stat("abandoned_total"),
                 prequeue,
+                later_seq: stat("later_seq"),
+                later_head: stat("later_head"),
             },
             waits_ms,
             new_batches: new_batches.collect::<Result<_, _>>()?,
@@ -765,6 +801,9 @@ impl QueueStore {
         }
         if let Some(held) = patch.infinite_queue_for_failed {
             fields.push(("infinite_queue_for_failed", u8::from(held).to_string()));
+        }
+        if let Some(access) = patch.access {
+            fields.push(("access", access.as_str().to_owned()));
         }
         if !fields.is_empty() {
             pipe.hset_multiple(&settings_key, &fields).ignore();
@@ -813,6 +852,110 @@ impl QueueStore {
         let key = self.keys(event).key("settings");
         let () = self.run(conn.hset(key, "all_held", u8::from(all_held))).await?;
         Ok(())
+    }
+
+    /// Adds a batch of presale codes to `event`'s room (normalised, as the join script reads them). `Ok(false)`,
+    /// and nothing written, when one of them is in the room already (an operator's own code chosen twice).
+    pub async fn add_codes(
+        &self,
+        event: i64,
+        batch: &crate::codes::Batch,
+        codes: &[String],
+    ) -> Result<bool, StoreError> {
+        let k = self.keys(event);
+        let mut conn = self.conn.clone();
+        let taken: Vec<bool> = self
+            .run(redis::cmd("HMGET").arg(k.key("codes")).arg(codes).query_async::<Vec<Option<String>>>(&mut conn))
+            .await?
+            .into_iter()
+            .map(|v| v.is_some())
+            .collect();
+        if taken.iter().any(|t| *t) {
+            return Ok(false);
+        }
+        let stored = batch.stored();
+        let meta = serde_json::to_string(batch).map_err(|e| StoreError::Reply(e.to_string()))?;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for chunk in codes.chunks(1000) {
+            let fields: Vec<(&str, &str)> = chunk.iter().map(|c| (c.as_str(), stored.as_str())).collect();
+            pipe.hset_multiple(k.key("codes"), &fields).ignore();
+        }
+        pipe.hset(k.key("codebatches"), &batch.batch, meta).ignore();
+        let () = self.run(pipe.query_async(&mut conn)).await?;
+        self.replicate(event, false).await?;
+        let mut index = redis::pipe();
+        for chunk in codes.chunks(1000) {
+            let fields: Vec<(&str, i64)> = chunk.iter().map(|c| (c.as_str(), event)).collect();
+            index.hset_multiple(codes_index_key(&self.prefix), &fields).ignore();
+        }
+        let () = self.run(index.query_async(&mut conn)).await?;
+        Ok(true)
+    }
+
+    /// The room a presale code was made for, if any.
+    pub async fn code_room(&self, code: &str) -> Result<Option<i64>, StoreError> {
+        let mut conn = self.conn.clone();
+        self.run(conn.hget(codes_index_key(&self.prefix), code)).await
+    }
+
+    /// `event`'s presale codes: each batch with its redemptions counted, and who redeemed what (newest first,
+    /// at most `crate::codes::MAX_LISTED`).
+    pub async fn codes_report(&self, event: i64) -> Result<crate::codes::Report, StoreError> {
+        use crate::codes::{Batch as CodeBatch, BatchView, MAX_LISTED, Redemption, Report};
+        let k = self.keys(event);
+        let mut conn = self.conn.clone();
+        let (batches, uses, holders): (HashMap<String, String>, HashMap<String, u64>, u64) = self
+            .run(
+                redis::pipe()
+                    .atomic()
+                    .hgetall(k.key("codebatches"))
+                    .hgetall(k.key("uses"))
+                    .hlen(k.key("holders"))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        // Which batch each redeemed code is of.
+        let redeemed_codes: Vec<&String> = uses.keys().collect();
+        let metas: Vec<Option<String>> = if redeemed_codes.is_empty() {
+            Vec::new()
+        } else {
+            self.run(redis::cmd("HMGET").arg(k.key("codes")).arg(&redeemed_codes).query_async(&mut conn)).await?
+        };
+        let mut by_batch: HashMap<String, u64> = HashMap::new();
+        for (code, meta) in redeemed_codes.iter().zip(metas) {
+            if let Some(batch) = meta.as_deref().and_then(|m| m.split(':').next()) {
+                *by_batch.entry(batch.to_owned()).or_default() += uses[*code];
+            }
+        }
+        let mut views: Vec<BatchView> = batches
+            .values()
+            .filter_map(|json| serde_json::from_str::<CodeBatch>(json).ok())
+            .map(|batch| BatchView { redeemed: by_batch.get(&batch.batch).copied().unwrap_or(0), batch })
+            .collect();
+        views.sort_by(|a, b| (a.batch.created_at, &a.batch.batch).cmp(&(b.batch.created_at, &b.batch.batch)));
+        let mut redemptions = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, page): (u64, Vec<(String, String)>) = self
+                .run(
+                    redis::cmd("HSCAN").arg(k.key("holders")).arg(cursor).arg("COUNT").arg(1000).query_async(&mut conn),
+                )
+                .await?;
+            for (account, value) in page {
+                if let Some((code, at_ms)) = value.rsplit_once(':') {
+                    let at = at_ms.parse::<u64>().unwrap_or(0) / 1000;
+                    redemptions.push(Redemption { account, code: code.to_owned(), at });
+                }
+            }
+            cursor = next;
+            if cursor == 0 || redemptions.len() >= MAX_LISTED {
+                break;
+            }
+        }
+        redemptions.sort_by(|a, b| b.at.cmp(&a.at).then_with(|| a.account.cmp(&b.account)));
+        redemptions.truncate(MAX_LISTED);
+        Ok(Report { event_id: event, batches: views, redeemed_total: holders, redemptions })
     }
 
     /// The recorded pre-queue draw, once the pre-queue has opened.

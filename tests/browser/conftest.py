@@ -14,6 +14,7 @@ GATEWAY = os.environ.get("GATEWAY_URL", "http://127.0.0.1:18000")
 SALE = int(os.environ.get("SALE_EVENT", "0"))
 QUEUE = int(os.environ.get("QUEUE_EVENT", "0"))
 GATED = int(os.environ.get("GATED_EVENT", "0"))
+PRESALE = int(os.environ.get("PRESALE_EVENT", "0"))
 SHOTS = os.environ.get("SHOTS", "target/browser")
 STACK = os.environ.get("STACK", "deploy/stack")
 

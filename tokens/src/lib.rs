@@ -127,6 +127,14 @@ pub struct TicketClaims {
     /// ticket's holder waits for a turn that never comes and holds no place.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
+    /// In a room whose presale code holders go first, a fan who joined without a code waits behind them with
+    /// this number in their own line (its `place` is 0 until the line reaches it); 0: not in that line.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub later: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl TicketClaims {
@@ -141,6 +149,7 @@ impl TicketClaims {
             iat: now,
             exp: now + ttl_seconds,
             held: false,
+            later: 0,
         }
     }
 }

@@ -6,7 +6,7 @@ use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
 use crate::config::{AdminAction, AdminArgs};
-use crate::room::{ChallengeMode, QueueState, SettingsPatch};
+use crate::room::{Access, ChallengeMode, QueueState, SettingsPatch};
 
 /// Runs one admin command to completion.
 pub fn run(args: AdminArgs) -> anyhow::Result<()> {
@@ -16,9 +16,16 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
 
 /// `--opens-at`: Unix seconds, `+N` seconds from now, or 0 to clear.
 fn opens_at(raw: &str) -> anyhow::Result<u64> {
+    unix_time("--opens-at", raw)
+}
+
+/// A time option: Unix seconds, or `+N` seconds from now.
+fn unix_time(option: &str, raw: &str) -> anyhow::Result<u64> {
     match raw.strip_prefix('+') {
-        Some(offset) => Ok(tokens::unix_now() + offset.parse::<u64>().context("--opens-at +N: N seconds")?),
-        None => raw.parse().context("--opens-at: Unix seconds, +N or 0"),
+        Some(offset) => {
+            Ok(tokens::unix_now() + offset.parse::<u64>().with_context(|| format!("{option} +N: N seconds"))?)
+        }
+        None => raw.parse().with_context(|| format!("{option}: Unix seconds or +N")),
     }
 }
 
@@ -33,6 +40,19 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
         AdminAction::Get { event } | AdminAction::Draw { event } => {
             let suffix = if matches!(args.action, AdminAction::Draw { .. }) { "/draw" } else { "" };
             (*event, client.get(format!("{base}/admin/events/{event}{suffix}")))
+        }
+        AdminAction::Codes { event, list: true, .. } => {
+            (*event, client.get(format!("{base}/admin/events/{event}/codes")))
+        }
+        AdminAction::Codes { event, count, uses, code, starts_at, ends_at, .. } => {
+            let ask = crate::codes::BatchAsk {
+                count: *count,
+                uses: *uses,
+                code: code.clone(),
+                starts_at: starts_at.as_deref().map(|at| unix_time("--starts-at", at)).transpose()?,
+                ends_at: ends_at.as_deref().map(|at| unix_time("--ends-at", at)).transpose()?,
+            };
+            (*event, client.post(format!("{base}/admin/events/{event}/codes")).json(&ask))
         }
         AdminAction::Pass { event, account, ttl_seconds } => {
             let ask = json!({ "account": account, "ttl_seconds": ttl_seconds });
@@ -53,6 +73,7 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
             challenge_window_seconds,
             infinite_queue_for_failed,
             places_per_network,
+            access,
         } => {
             let state = match state {
                 Some(s) => Some(
@@ -79,6 +100,13 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
                 challenge_window_seconds: *challenge_window_seconds,
                 infinite_queue_for_failed: *infinite_queue_for_failed,
                 places_per_network: *places_per_network,
+                access: match access {
+                    Some(a) => Some(
+                        Access::parse(a)
+                            .with_context(|| format!("--access {a}: public, code_required or codes_first"))?,
+                    ),
+                    None => None,
+                },
             };
             (*event, client.put(format!("{base}/admin/events/{event}")).json(&patch))
         }

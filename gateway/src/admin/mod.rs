@@ -23,7 +23,8 @@ use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
-use crate::room::{ChallengeMode, Freshness, QueueState, Rooms, Settings, SettingsPatch};
+use crate::codes::{BatchAsk, BatchError};
+use crate::room::{Access, ChallengeMode, Freshness, QueueState, Rooms, Settings, SettingsPatch};
 use crate::store::{LazyStore, StateChange};
 
 /// The admin service.
@@ -78,6 +79,7 @@ fn router(state: Arc<AdminState>) -> Router {
         .route("/admin/events/{event}", get(get_room).put(put_room))
         .route("/admin/events/{event}/draw", get(get_draw))
         .route("/admin/events/{event}/passes", axum::routing::post(post_pass))
+        .route("/admin/events/{event}/codes", get(get_codes).post(post_codes))
         .route("/admin/signin-codes", axum::routing::post(post_signin_code))
         .route("/metrics", get(|| async { telemetry::prometheus().render() }))
         .route("/healthz", get(|| async { axum::Json(json!({ "status": "ok" })) }))
@@ -128,6 +130,17 @@ fn event_id(raw: &str) -> Result<i64, Refused> {
     }
 }
 
+/// 404 `queue_not_found` unless `event` has a room in Redis (one made a moment ago counts).
+async fn room_exists(store: &crate::store::QueueStore, event: i64) -> Result<(), Refused> {
+    match store.settings(event).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => {
+            Err(error(StatusCode::NOT_FOUND, "queue_not_found", "this event has no waiting room; PUT creates one"))
+        }
+        Err(_) => Err(unavailable()),
+    }
+}
+
 fn guard(state: &AdminState, headers: &HeaderMap, raw: &str) -> Result<i64, Refused> {
     if !authorised(headers, &state.token) {
         return Err(error(StatusCode::UNAUTHORIZED, "admin_token_required", "the admin API needs its bearer token"));
@@ -163,6 +176,8 @@ pub struct RoomView {
     pub infinite_queue_for_failed: bool,
     /// Most places one client network is given (0: no cap).
     pub places_per_network: u32,
+    /// `public`, `code_required` or `codes_first`.
+    pub access: Access,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveView>,
     /// PUT only: pre-queue places drawn by this change.
@@ -189,6 +204,7 @@ impl RoomView {
             challenge_window_seconds: s.challenge_window_seconds,
             infinite_queue_for_failed: s.infinite_queue_for_failed,
             places_per_network: s.places_per_network,
+            access: s.access,
             live: None,
             drawn: None,
         }
@@ -198,7 +214,10 @@ impl RoomView {
 /// Live figures of a room, as this node last read them.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LiveView {
+    /// Everyone waiting, code holders and the fans behind them.
     pub waiting: u64,
+    /// Of those, the fans who joined without a code and wait behind the code holders.
+    pub waiting_without_code: u64,
     pub prequeue: u64,
     /// Admitted within the session window.
     pub active: u64,
@@ -243,6 +262,7 @@ async fn get_room(
     let view = RoomView {
         live: Some(LiveView {
             waiting: live.waiting(),
+            waiting_without_code: live.later_waiting(),
             prequeue: live.counts.prequeue,
             active: live.counts.active,
             admitted_total: live.counts.admitted_total,
@@ -331,15 +351,62 @@ async fn post_pass(
         return Err(error(StatusCode::UNPROCESSABLE_ENTITY, "setting_out_of_range", "ttl_seconds: 60 to 2,592,000"));
     }
     let store = state.store.get().map_err(|_| unavailable())?;
-    if store.settings(event).await.map_err(|_| unavailable())?.is_none() {
-        return Err(error(StatusCode::NOT_FOUND, "queue_not_found", "this event has no waiting room; PUT creates one"));
-    }
+    room_exists(store, event).await?;
     let now = tokens::unix_now();
     let claims = tokens::PassClaims::new(account, event, now, ttl, format!("{:032x}", rand::random::<u128>()));
     let pass = state.keyring.sign(&claims);
     tracing::info!(event, account = %claims.sub, jti = %claims.jti, "sponsor pass issued");
     let view = PassView { event_id: event, account: claims.sub.to_string(), pass, expires_at: claims.exp };
     Ok((StatusCode::CREATED, axum::Json(view)).into_response())
+}
+
+/// A batch of presale codes, made: hand `codes` out (dashes and case do not matter when they are typed).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CodesMade {
+    pub event_id: i64,
+    #[serde(flatten)]
+    pub batch: crate::codes::Batch,
+    pub codes: Vec<String>,
+}
+
+/// `POST /admin/events/{event}/codes`: a batch of presale codes for this room.
+async fn post_codes(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    body: Bytes,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let ask: BatchAsk = serde_json::from_slice(&body)
+        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", &e.to_string()))?;
+    let (batch, codes) = ask
+        .make(tokens::unix_now())
+        .map_err(|e: BatchError| error(StatusCode::UNPROCESSABLE_ENTITY, e.code(), &e.to_string()))?;
+    let store = state.store.get().map_err(|_| unavailable())?;
+    room_exists(store, event).await?;
+    let stored: Vec<String> = codes.iter().filter_map(|c| crate::codes::normalise(c)).collect();
+    let added = store.add_codes(event, &batch, &stored).await.map_err(|e| {
+        tracing::warn!(error = %e, event, "could not add presale codes");
+        unavailable()
+    })?;
+    if !added {
+        return Err(error(StatusCode::CONFLICT, "code_exists", "this room has that code already"));
+    }
+    tracing::info!(event, batch = %batch.batch, codes = batch.count, uses = batch.uses, "presale codes made");
+    Ok((StatusCode::CREATED, axum::Json(CodesMade { event_id: event, batch, codes })).into_response())
+}
+
+/// `GET /admin/events/{event}/codes`: the room's batches, redemptions counted, and who redeemed what.
+async fn get_codes(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let store = state.store.get().map_err(|_| unavailable())?;
+    room_exists(store, event).await?;
+    let report = store.codes_report(event).await.map_err(|_| unavailable())?;
+    Ok(axum::Json(report).into_response())
 }
 
 /// `POST /admin/signin-codes` `{"account_token"}`: a demo sign-in code for that account token, good once for

@@ -327,6 +327,7 @@ impl Edge {
                     cookies: &cookies,
                     altcha: field(crate::gate::HEADER),
                     pass: field(queue::PASS_HEADER),
+                    code: field(crate::codes::HEADER),
                     client: Some(client),
                 };
                 self.queue.join(event, &ask).await

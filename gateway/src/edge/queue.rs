@@ -11,9 +11,10 @@ use tokens::{AccountId, AdmissionClaims, Keyring, TicketClaims, TokenError, unix
 
 use super::reply::Reply;
 use crate::gate::Gate;
+use crate::limits::Limits;
 use crate::metrics::record_gate;
 use crate::room::{self, ChallengeMode, Freshness, QueueState, Rooms, Standing};
-use crate::store::{Joined, Joining, LazyStore, Passed, QueueStore, Stepped};
+use crate::store::{CodeRefusal, Joined, Joining, LazyStore, Passed, QueueStore, Stepped};
 
 /// Cookie carrying the platform's account token for browsers (set by the platform's login, `HttpOnly`; or by
 /// the demo sign-in). The gateway never takes an account from a URL: a link that signed its reader in would
@@ -68,6 +69,10 @@ pub struct QueueAnswer {
     /// run out, checkouts that fail), so there is no ETA meanwhile. Present (true) only then.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub all_held: bool,
+    /// Waiting behind the presale code holders (the room admits them first): joining again with a code moves
+    /// the fan among them. Present (true) only then.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub behind_code_holders: bool,
 }
 
 impl QueueAnswer {
@@ -87,6 +92,7 @@ impl QueueAnswer {
             expires_at: None,
             next: None,
             all_held: false,
+            behind_code_holders: false,
         }
     }
 }
@@ -141,6 +147,9 @@ pub struct Queue {
     pub store: LazyStore,
     /// Issues and checks the proof-of-work challenges of rooms whose `challenge` is on.
     pub gate: Gate,
+    /// The rate limits: a join that sends a presale code spends one of its account's budget, and a refused
+    /// code one more of the account's and of the address's, so codes cannot be guessed faster than the limits.
+    pub limits: Arc<Limits>,
     pub options: QueueOptions,
 }
 
@@ -152,6 +161,8 @@ pub struct JoinAsk<'a> {
     pub cookies: &'a [&'a str],
     pub altcha: Option<&'a str>,
     pub pass: Option<&'a str>,
+    /// A presale code (`presale-code`), as the fan typed it.
+    pub code: Option<&'a str>,
     pub client: Option<IpAddr>,
 }
 
@@ -232,7 +243,7 @@ impl Queue {
     /// `POST /queue/{event}/join` with an account token, and while the room's challenge is on, a solved
     /// challenge in the `altcha` field (`crate::gate`).
     pub async fn join(&self, event: i64, ask: &JoinAsk<'_>) -> Reply {
-        let JoinAsk { authorization, cookies, altcha, pass, client } = *ask;
+        let JoinAsk { authorization, cookies, altcha, pass, code, client } = *ask;
         let Some(token) = bearer(authorization).or_else(|| tokens::cookie(cookies.iter().copied(), ACCOUNT_COOKIE))
         else {
             return Reply::error(401, "account_required", "joining needs an account token (Authorization: Bearer)");
@@ -246,6 +257,21 @@ impl Queue {
         if let Some(pass) = pass {
             return self.join_on_pass(store, event, &account, pass).await;
         }
+        let code = match code.map(crate::codes::normalise) {
+            None => String::new(),
+            Some(Some(code)) => {
+                if let Err(wait) = self.limits.check_account(&account) {
+                    crate::metrics::record_rate_limited("account");
+                    return Reply::error(429, "rate_limited", "too many requests; slow down")
+                        .header("retry-after", crate::limits::retry_after_seconds(wait).to_string());
+                }
+                code
+            }
+            Some(None) => {
+                self.code_refused(&account, client);
+                return Reply::error(400, "code_malformed", "a presale code is 4 to 32 letters and digits");
+            }
+        };
         let settings = self.settings(store, event).await;
         let gated = settings.as_ref().is_some_and(|s| s.challenge != ChallengeMode::Off);
         // A solution is checked here, in process; that it was not spent before, Redis says as it gives the
@@ -269,7 +295,7 @@ impl Queue {
         };
         let (v4, v6) = self.options.network_prefix;
         let network = client.map(|ip| crate::limits::address_prefix(ip, v4, v6).to_string()).unwrap_or_default();
-        let joining = Joining { account: account.as_str(), network: &network, payment: payment.as_ref() };
+        let joining = Joining { account: account.as_str(), network: &network, payment: payment.as_ref(), code: &code };
         let mut joined = store.join(event, &joining, self.rooms.floor(event)).await;
         if matches!(joined, Ok(Joined::Opening)) {
             // The pre-queue's opening time has passed and no ticker has opened it yet: open it (the script
@@ -287,8 +313,12 @@ impl Queue {
                 return Reply::unavailable();
             }
         };
-        if gated && payment.is_some() && matches!(joined, Joined::Place { .. } | Joined::Prequeue { .. }) {
+        let given = matches!(joined, Joined::Place { .. } | Joined::Prequeue { .. } | Joined::Later { .. });
+        if gated && payment.is_some() && given {
             record_gate("solved");
+        }
+        if !code.is_empty() && given {
+            crate::metrics::record_code("accepted");
         }
         match joined {
             Joined::Unknown => Reply::error(404, "queue_not_found", "this event has no waiting room"),
@@ -322,12 +352,71 @@ impl Queue {
                 let opens_at_ms = self.rooms.get(event).and_then(|r| r.live.settings.opens_at_ms);
                 self.with_ticket(self.prequeue_body(event, count, opens_at_ms), event, &ticket).into()
             }
+            Joined::Code(refusal) => {
+                if refusal != CodeRefusal::Required {
+                    self.code_refused(&account, client);
+                }
+                self.code_refusal(store, event, &code, refusal).await
+            }
+            Joined::Later { number, position } => {
+                let mut claims =
+                    TicketClaims::new(account.clone(), event, 0, unix_now(), self.options.ticket_ttl_seconds);
+                claims.later = number;
+                let ticket = self.admission.sign(&claims);
+                let settings = settings.unwrap_or(room::Settings::DEFAULT);
+                let mut answer = self.waiting(event, &settings, position.max(1));
+                answer.body.behind_code_holders = true;
+                self.with_ticket(answer, event, &ticket).into()
+            }
             Joined::Place { place, head, fresh } => {
                 self.rooms.gave(event, place);
                 let ticket = self.ticket(&account, event, place);
                 let answer = self.placed_body(store, event, &account, place, head, fresh).await;
                 answer.map_or_else(|refusal| refusal, |a| self.with_ticket(a, event, &ticket).into())
             }
+        }
+    }
+
+    /// What a refused presale code costs its sender: one more of its account's budget and of its address's.
+    fn code_refused(&self, account: &AccountId, client: Option<IpAddr>) {
+        crate::metrics::record_code("refused");
+        let _ = self.limits.check_account(account);
+        if let Some(ip) = client {
+            let _ = self.limits.check_ip(ip);
+        }
+    }
+
+    /// The answer to a refused presale code (or to a code-less join of a room that takes code holders only).
+    async fn code_refusal(&self, store: &QueueStore, event: i64, code: &str, refusal: CodeRefusal) -> Reply {
+        match refusal {
+            CodeRefusal::Required => Reply::error(
+                403,
+                "code_required",
+                "this waiting room takes presale code holders only: join again with your code in the \
+                 `presale-code` field",
+            ),
+            CodeRefusal::Unknown => match store.code_room(code).await {
+                Ok(Some(other)) if other != event => {
+                    Reply::error(403, "code_other_event", "this presale code is for another event")
+                }
+                Ok(_) => Reply::error(403, "code_unknown", "this event has no such presale code"),
+                Err(_) => Reply::unavailable(),
+            },
+            CodeRefusal::Spent => {
+                Reply::error(409, "code_spent", "this presale code was redeemed by as many accounts as it allows")
+            }
+            CodeRefusal::NotYet { starts_ms } => Reply::error_with(
+                403,
+                "code_not_yet",
+                "this presale code does not work yet",
+                json!({ "starts_at": rfc3339(starts_ms / 1000) }),
+            ),
+            CodeRefusal::Ended { ends_ms } => Reply::error_with(
+                403,
+                "code_ended",
+                "this presale code no longer works",
+                json!({ "ended_at": rfc3339(ends_ms / 1000) }),
+            ),
         }
     }
 
@@ -611,8 +700,18 @@ impl Queue {
             return reply;
         }
         let now_ms = room.live.now_ms();
+        if ticket.place == 0
+            && ticket.later > 0
+            && let Some(position) = room.live.later_position(ticket.later)
+        {
+            // Behind the code holders, as this node's view has the line.
+            let mut answer = self.waiting(event, &room.live.settings, position);
+            answer.body.behind_code_holders = true;
+            return answer.into();
+        }
         if ticket.place == 0 && room.live.settings.state != QueueState::Prequeue {
-            // The pre-queue was drawn: learn this fan's place once, and hand out a ticket that carries it.
+            // The pre-queue was drawn, or the line behind the code holders reached this fan: learn its place once,
+            // and hand out a ticket that carries it.
             let Ok(store) = self.store.get() else { return Reply::unavailable() };
             return match store.place_of(event, ticket.sub.as_str()).await {
                 Ok(Some(place)) => {

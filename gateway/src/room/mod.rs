@@ -87,6 +87,37 @@ impl ChallengeMode {
     }
 }
 
+/// Who may join a room, and in which order (presale codes: `POST /admin/events/{id}/codes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    /// Anyone with an account joins; a code is not asked for, and one sent is not redeemed.
+    Public,
+    /// Only a fan who redeems a presale code (or redeemed one in this room before) joins.
+    CodeRequired,
+    /// Everyone joins; code holders are admitted ahead of every fan who joined without one, in their own FIFO.
+    CodesFirst,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Public => "public",
+            Access::CodeRequired => "code_required",
+            Access::CodesFirst => "codes_first",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "public" => Some(Access::Public),
+            "code_required" => Some(Access::CodeRequired),
+            "codes_first" => Some(Access::CodesFirst),
+            _ => None,
+        }
+    }
+}
+
 /// Bounds of a challenge's difficulty: the most hashes one can take (a solver needs half of it on average).
 pub const DIFFICULTY_RANGE: (u32, u32) = (1_000, 100_000_000);
 
@@ -126,6 +157,8 @@ pub struct Settings {
     /// Most places one client network (address prefix: `GATEWAY_NETWORK_PREFIX_V4` / `_V6`) is given in the
     /// room; 0: no cap. Generous: a venue's or a campus's fans share one address.
     pub places_per_network: u32,
+    /// Who may join, and whether code holders go first.
+    pub access: Access,
 }
 
 impl Settings {
@@ -146,10 +179,11 @@ impl Settings {
         challenge_window_seconds: 10,
         infinite_queue_for_failed: false,
         places_per_network: 1000,
+        access: Access::Public,
     };
 
     /// The Redis hash's fields, as [`Self::from_hash`] reads them.
-    pub fn fields(&self) -> [(&'static str, String); 15] {
+    pub fn fields(&self) -> [(&'static str, String); 16] {
         [
             ("state", self.state.as_str().to_owned()),
             ("admit_per_minute", self.admit_per_minute.to_string()),
@@ -166,6 +200,7 @@ impl Settings {
             ("challenge_window_seconds", self.challenge_window_seconds.to_string()),
             ("infinite_queue_for_failed", u8::from(self.infinite_queue_for_failed).to_string()),
             ("places_per_network", self.places_per_network.to_string()),
+            ("access", self.access.as_str().to_owned()),
         ]
     }
 
@@ -193,6 +228,7 @@ impl Settings {
                 .unwrap_or(Settings::DEFAULT.challenge_window_seconds),
             infinite_queue_for_failed: num("infinite_queue_for_failed") == Some(1),
             places_per_network: small("places_per_network").unwrap_or(Settings::DEFAULT.places_per_network),
+            access: hash.get("access").map_or(Some(Access::Public), |a| Access::parse(a))?,
         })
     }
 }
@@ -239,6 +275,9 @@ pub struct SettingsPatch {
     /// Most places one client network (address prefix) is given in the room, 0 to 10,000,000; 0: no cap.
     #[schema(maximum = 10_000_000)]
     pub places_per_network: Option<u32>,
+    /// `public`, `code_required` (a presale: only code holders join) or `codes_first` (code holders are
+    /// admitted ahead of everyone who joined without one).
+    pub access: Option<Access>,
 }
 
 /// Why a settings change was refused (a 422 with this code).
@@ -339,6 +378,10 @@ pub struct Counts {
     pub abandoned_total: u64,
     /// Fans in the pre-queue.
     pub prequeue: u64,
+    /// The last number given in the line of fans who joined without a code while code holders go first.
+    pub later_seq: u64,
+    /// The last number of that line the admission step has moved into the queue (or skipped as abandoned).
+    pub later_head: u64,
 }
 
 /// The queue figures of one refresh, replaced whole each time.
@@ -357,9 +400,22 @@ pub struct Live {
 }
 
 impl Live {
-    /// Fans waiting for their turn (including any who abandoned and are not skipped yet).
+    /// Fans waiting for their turn (including any who abandoned and are not skipped yet), code holders and
+    /// those behind them.
     pub fn waiting(&self) -> u64 {
-        self.counts.seq.saturating_sub(self.counts.head)
+        self.counts.seq.saturating_sub(self.counts.head) + self.later_waiting()
+    }
+
+    /// Fans in the line behind the code holders.
+    pub fn later_waiting(&self) -> u64 {
+        self.counts.later_seq.saturating_sub(self.counts.later_head)
+    }
+
+    /// The position of number `later` in the line behind the code holders, while it waits there: every place
+    /// in the queue comes first. `None` once the line has moved past it (it has a place, or was skipped).
+    pub fn later_position(&self, later: u64) -> Option<u64> {
+        (later > self.counts.later_head)
+            .then(|| self.counts.seq.saturating_sub(self.counts.head) + (later - self.counts.later_head))
     }
 
     /// Redis's clock now, estimated from the refresh.

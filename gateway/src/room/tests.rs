@@ -183,3 +183,29 @@ fn challenge_settings_are_checked_and_a_room_without_them_has_none() {
         Settings::DEFAULT.fields().iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     assert_eq!(Settings::from_hash(&full), Some(Settings::DEFAULT));
 }
+
+#[test]
+fn fans_behind_the_code_holders_count_every_holder_waiting_ahead() {
+    let mut live = live(QueueState::Open, 20, 15);
+    live.counts.later_seq = 9;
+    live.counts.later_head = 4;
+    // Five holders wait (16..=20); the line behind them has moved past its first four numbers.
+    assert_eq!(live.later_position(5), Some(6));
+    assert_eq!(live.later_position(9), Some(10));
+    assert_eq!(live.later_position(4), None, "moved into the queue, or skipped: its place is looked up");
+    assert_eq!(live.waiting(), 10);
+    assert_eq!(live.later_waiting(), 5);
+}
+
+#[test]
+fn a_room_without_access_reads_as_public_and_a_damaged_one_is_refused() {
+    let mut hash: HashMap<String, String> =
+        Settings::DEFAULT.fields().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    assert_eq!(Settings::from_hash(&hash).map(|s| s.access), Some(Access::Public));
+    hash.insert("access".into(), "codes_first".into());
+    assert_eq!(Settings::from_hash(&hash).map(|s| s.access), Some(Access::CodesFirst));
+    hash.remove("access");
+    assert_eq!(Settings::from_hash(&hash).map(|s| s.access), Some(Access::Public));
+    hash.insert("access".into(), "everyone".into());
+    assert_eq!(Settings::from_hash(&hash), None);
+}

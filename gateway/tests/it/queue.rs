@@ -658,11 +658,15 @@ async fn no_link_signs_a_browser_in_and_a_demo_sign_in_code_works_once_into_an_h
     let off = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
     let page = off.get(&format!("/queue/{event}"), &[("accept", "text/html")]).await;
     assert_eq!(page.status, 200);
-    // The page reads one thing from its address, a sponsor pass (worthless to anyone but its account), and
-    // never an account, nor the cookie that carries one.
+    // The page reads two things from its address, a sponsor pass (worthless to anyone but its account) and a
+    // presale code (which a link's maker gives away to whoever follows it), and never an account, nor the
+    // cookie that carries one.
     let reads: Vec<&str> = page.text.matches("URLSearchParams(location.").collect();
     assert_eq!(reads.len(), 1, "the page reads its address once");
-    assert!(page.text.contains("URLSearchParams(location.hash.slice(1)).get('pass')"), "and only a pass from it");
+    assert!(page.text.contains("const fragment = new URLSearchParams(location.hash.slice(1));"), "its fragment");
+    let taken: Vec<&str> =
+        page.text.split("fragment.get('").skip(1).filter_map(|rest| rest.split_once('\'')).map(|(k, _)| k).collect();
+    assert_eq!(taken, ["pass", "code"], "and only a pass and a code from it");
     assert!(!page.text.contains("account="), "the page reads no account");
     assert!(!page.text.contains("document.cookie"), "the page never reads the cookie");
     let code = "0123456789abcdef0123456789abcdef";
