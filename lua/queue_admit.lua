@@ -10,7 +10,7 @@
 -- (a codes_first room's fans without a code) takes the next place first, or is skipped as abandoned (counted,
 -- no place given).
 --
--- KEYS (the same twenty-two for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-three for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
 --                                                   all_held (1: every seat left is held; nobody is admitted)
@@ -37,6 +37,8 @@
 --  21 later (hash)       <p>queue:{evE}:later     account -> its number in the line of fans who joined without
 --                                                   a code while code holders go first (stats later_seq/_head)
 --  22 laterwho (hash)    <p>queue:{evE}:laterwho  number -> account, for that line
+--  23 left (zset)         <p>queue:{evE}:left      account, score = when it left the room (ms): admissions issued
+--                                                   before then are over (kept for a session)
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     most places one step may walk past (bounds the script's run time)
 -- ARGV[2]     burst: the most credit that may accrue, in ms of the admission rate

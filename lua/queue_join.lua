@@ -1,6 +1,6 @@
 -- queue_join: give an account its one place in an event's queue, or in its pre-queue before the opening.
 --
--- KEYS (the same twenty-two for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-three for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
 --                                                   challenge (on, auto: a new place costs a solved challenge),
@@ -29,6 +29,8 @@
 --  21 later (hash)       <p>queue:{evE}:later     account -> its number in the line of fans who joined without
 --                                                   a code while code holders go first (stats later_seq/_head)
 --  22 laterwho (hash)    <p>queue:{evE}:laterwho  number -> account, for that line
+--  23 left (zset)         <p>queue:{evE}:left      account, score = when it left the room (ms): admissions issued
+--                                                   before then are over (kept for a session)
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     account id
 -- ARGV[2]     the highest place the calling node knows was given out (0: none): a new place is above it

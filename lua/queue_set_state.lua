@@ -7,7 +7,7 @@
 -- so anyone can recompute every place (gateway/src/shuffle.rs does, and a test checks it against this script).
 -- Live joiners get places after the drawn ones, because joins see `prequeue` until this script has run.
 --
--- KEYS (the same twenty-two for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-three for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
@@ -33,6 +33,8 @@
 --  21 later (hash)       <p>queue:{evE}:later     account -> its number in the line of fans who joined without
 --                                                   a code while code holders go first (stats later_seq/_head)
 --  22 laterwho (hash)    <p>queue:{evE}:laterwho  number -> account, for that line
+--  23 left (zset)         <p>queue:{evE}:left      account, score = when it left the room (ms): admissions issued
+--                                                   before then are over (kept for a session)
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     the new state: prequeue, open, paused or closed (sold_out is set by the gateway itself)
 -- ARGV[2]     seed of the draw, 1 .. 2147483646

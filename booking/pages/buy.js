@@ -529,6 +529,7 @@
     }
     $('pay').hidden = order.status !== 'reserved';
     $('again').hidden = order.status === 'reserved';
+    $('done').hidden = order.status !== 'paid';
     if (first) (order.status === 'reserved' ? $('pay') : $('again')).focus();
     refreshFocus();
     redraw();
@@ -572,6 +573,26 @@
     say('');
     renderSelection();
     redraw();
+  });
+
+  // A fan who has what it came for leaves the waiting room: its slot goes to the next fan at once, and its
+  // admission ends (the order stays the fan's, in the platform's account pages).
+  $('done').addEventListener('click', async () => {
+    clearTimeout(following);
+    $('done').disabled = true;
+    let status = 0;
+    try {
+      const res = await fetch(`/queue/${eventId}/leave`, { method: 'POST', credentials: 'same-origin', headers: { Accept: 'application/json' } });
+      status = res.status;
+    } catch (_) { /* reported below */ }
+    $('done').disabled = false;
+    if (status !== 200) {
+      say('We could not tell the waiting room you are done; your admission ends by itself shortly.');
+      return;
+    }
+    $('again').hidden = true;
+    $('done').hidden = true;
+    say('Done. Your place went to the next fan in line. Enjoy the show!', 'info');
   });
 
   // ---- live --------------------------------------------------------------------------------------------

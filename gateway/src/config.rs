@@ -119,6 +119,10 @@ pub struct Config {
     /// milliseconds (0: never).
     #[arg(long, env = "GATEWAY_AVAILABILITY_POLL_MS", default_value_t = 1000)]
     pub availability_poll_ms: u64,
+    /// Free a fan's slot as soon as booking's order event stream says its order was paid (false: the slot is
+    /// held until the fan's session ends, as before; the replay compares the two).
+    #[arg(long, env = "GATEWAY_FREE_ON_PAID", default_value_t = true, action = clap::ArgAction::Set)]
+    pub free_on_paid: bool,
     /// Requests per second one admitted account may send to booking through the gateway.
     #[arg(long, env = "GATEWAY_ACCOUNT_RPS", default_value_t = 20)]
     pub account_rps: u32,

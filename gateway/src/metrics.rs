@@ -17,6 +17,7 @@ pub fn record_room(event: i64, live: &Live) {
     set("waiting_room_admitted_total", live.counts.admitted_total as f64);
     set("waiting_room_admissions_per_minute", live.admitted_last_minute as f64);
     set("waiting_room_abandoned_total", live.counts.abandoned_total as f64);
+    set("waiting_room_freed_total", live.counts.freed_total as f64);
     set("waiting_room_admit_per_minute_setting", f64::from(live.settings.admit_per_minute));
     let challenged = live.settings.challenge != crate::room::ChallengeMode::Off;
     set(

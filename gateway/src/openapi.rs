@@ -49,6 +49,30 @@ pub struct ErrorBody {
     ))]
 fn join() {}
 
+/// Leave the room: the fan's slot goes to the next fan at once, its admission ends on every node, and a fan
+/// still waiting gives up its place. Said with the admission proof or the queue ticket (Bearer, or the ticket's
+/// cookie). Leaving twice is leaving once.
+#[utoipa::path(post, path = "/queue/{event_id}/leave", tag = "queue",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("ticket" = [])),
+    responses(
+        (status = 200, body = Left, description = "`state`: `left`; the ticket's cookie is cleared"),
+        (status = 401, body = ErrorBody, description = "proof_required"),
+        (status = 403, body = ErrorBody, description = "ticket_wrong_event"),
+        (status = 404, body = ErrorBody), (status = 405, body = ErrorBody), (status = 429, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ))]
+fn leave() {}
+
+/// What leaving answers.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct Left {
+    event_id: i64,
+    /// `left`.
+    state: String,
+}
+
 /// The waiting-room page's proof-of-work worker (JavaScript, cacheable).
 #[utoipa::path(get, path = "/queue/{event_id}/solver.js", tag = "queue",
     params(("event_id" = i64, Path, minimum = 1, description = "event id")),
@@ -192,8 +216,8 @@ fn get_draw() {}
         API on the admin listener. `/events/{event_id}/...` is forwarded to booking (see booking's document) with \
         an admission proof; `/events/{event_id}/seats/status` and `/seats/layout/{catalogue_version}` without \
         one, under the per-IP limit."),
-    paths(join, solver, status, page, seat_stream, healthz, get_room, put_room, post_pass, post_codes, get_codes, get_draw),
-    components(schemas(ErrorBody, QueueAnswer, RoomView, LiveView, DrawView, PassAsk, PassView, SettingsPatch, QueueState, ChallengeMode, Access, BatchAsk, CodesMade, Report, BatchView, Batch, Redemption)),
+    paths(join, leave, solver, status, page, seat_stream, healthz, get_room, put_room, post_pass, post_codes, get_codes, get_draw),
+    components(schemas(ErrorBody, Left, QueueAnswer, RoomView, LiveView, DrawView, PassAsk, PassView, SettingsPatch, QueueState, ChallengeMode, Access, BatchAsk, CodesMade, Report, BatchView, Batch, Redemption)),
     modifiers(&Security),
 )]
 struct ApiDoc;

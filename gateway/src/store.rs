@@ -37,9 +37,9 @@ pub struct QueueKeys {
 }
 
 /// The keys every queue script receives, in this order (the scripts' headers list them).
-const KEY_NAMES: [&str; 22] = [
+const KEY_NAMES: [&str; 23] = [
     "settings", "seq", "head", "places", "who", "joined", "seen", "active", "skipped", "batches", "stats", "waits",
-    "pre", "prelist", "shuffle", "spent", "networks", "codes", "uses", "holders", "later", "laterwho",
+    "pre", "prelist", "shuffle", "spent", "networks", "codes", "uses", "holders", "later", "laterwho", "left",
 ];
 
 impl QueueKeys {
@@ -51,7 +51,7 @@ impl QueueKeys {
         format!("{}{name}", self.base)
     }
 
-    /// All twenty-two keys, in script order.
+    /// All twenty-three keys, in script order.
     pub fn all(&self) -> Vec<String> {
         KEY_NAMES.iter().map(|name| self.key(name)).collect()
     }
@@ -182,6 +182,7 @@ struct Scripts {
     nodes: Script,
     tune: Script,
     pass: Script,
+    free: Script,
 }
 
 impl Scripts {
@@ -194,6 +195,7 @@ impl Scripts {
             nodes: Script::new(include_str!("../../lua/gateway_nodes.lua")),
             tune: Script::new(include_str!("../../lua/queue_tune_challenge.lua")),
             pass: Script::new(include_str!("../../lua/queue_pass.lua")),
+            free: Script::new(include_str!("../../lua/queue_free.lua")),
         }
     }
 }
@@ -297,7 +299,45 @@ pub struct Snapshot {
     pub waits_ms: Vec<u64>,
     pub new_batches: Vec<Batch>,
     pub new_skipped: Vec<u64>,
+    /// Fans who left at or after the `left_since` asked for: account, when (ms).
+    pub new_left: Vec<(String, u64)>,
     pub redis_ms: u64,
+}
+
+/// Why a fan's slot is freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreedBy {
+    /// Its order was paid.
+    Paid,
+    /// It left (`POST /queue/{id}/leave`): its admission ends too.
+    Left,
+}
+
+/// What freeing a slot did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freed {
+    Unknown,
+    /// The slot was freed now (`at_ms`, Redis's clock).
+    Now {
+        at_ms: u64,
+    },
+    /// The fan held no slot.
+    NotActive {
+        at_ms: u64,
+    },
+}
+
+/// An order paid, as booking's order event stream says: the entry's stream id, and whose order in which event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paid {
+    pub event: i64,
+    pub account: String,
+}
+
+/// Booking's order event stream (booking writes it, `booking/src/store/outbox.rs`; both services share
+/// `REDIS_KEY_PREFIX`).
+pub fn outbox_key(prefix: &str) -> String {
+    format!("{prefix}outbox:orders")
 }
 
 /// The recorded pre-queue draw, for anyone to recompute.
@@ -575,6 +615,77 @@ impl QueueStore {
         Ok(passed)
     }
 
+    /// Frees `account`'s slot in `event`'s room at once (`lua/queue_free.lua`); one that left also gives up its
+    /// admission and any place it waits in.
+    pub async fn free(&self, event: i64, account: &str, by: FreedBy) -> Result<Freed, StoreError> {
+        let mut inv = self.script(&self.scripts.free, event);
+        inv.arg(account).arg(match by {
+            FreedBy::Paid => "paid",
+            FreedBy::Left => "left",
+        });
+        let mut conn = self.conn.clone();
+        let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
+        let freed = match p.first().map(String::as_str) {
+            Some("unknown") => Freed::Unknown,
+            Some("freed") => Freed::Now { at_ms: number(&p, 1)? },
+            Some("not_active") => Freed::NotActive { at_ms: number(&p, 1)? },
+            _ => return Err(StoreError::Reply(p.join(" "))),
+        };
+        if by == FreedBy::Left {
+            self.replicate(event, true).await?;
+        }
+        Ok(freed)
+    }
+
+    /// The id of the last entry of booking's order event stream ("0-0" when there is none): where a reader that
+    /// starts now begins.
+    pub async fn outbox_end(&self) -> Result<String, StoreError> {
+        let mut conn = self.conn.clone();
+        let last: RawEntries = self
+            .run(
+                redis::cmd("XREVRANGE")
+                    .arg(outbox_key(&self.prefix))
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(1)
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(last.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id))
+    }
+
+    /// The orders paid in booking's order event stream after entry `after`, at most `count` entries read, and
+    /// the id of the last entry read (`after` when none).
+    pub async fn paid_after(&self, after: &str, count: usize) -> Result<(Vec<Paid>, String), StoreError> {
+        let mut conn = self.conn.clone();
+        let entries: RawEntries = self
+            .run(
+                redis::cmd("XRANGE")
+                    .arg(outbox_key(&self.prefix))
+                    .arg(format!("({after}"))
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(count)
+                    .query_async(&mut conn),
+            )
+            .await?;
+        let last = entries.last().map_or_else(|| after.to_owned(), |(id, _)| id.clone());
+        let paid = entries
+            .into_iter()
+            .filter_map(|(_, fields)| {
+                let field = |name: &str| fields.chunks(2).find(|f| f[0] == name).and_then(|f| f.get(1));
+                if field("kind").map(String::as_str) != Some("order.paid") {
+                    return None;
+                }
+                let event = field("event_id")?.parse().ok()?;
+                let data: serde_json::Value = serde_json::from_str(field("data")?).ok()?;
+                Some(Paid { event, account: data["account_id"].as_str()?.to_owned() })
+            })
+            .collect();
+        Ok((paid, last))
+    }
+
     /// One admission step (`lua/queue_admit.lua`).
     pub async fn admit(&self, event: i64, max_walk: u64, burst: Duration) -> Result<Stepped, StoreError> {
         let mut inv = self.script(&self.scripts.admit, event);
@@ -714,7 +825,13 @@ impl QueueStore {
     }
 
     /// Reads the queue in one MULTI/EXEC, fetching only steps after `last_to` and skips after `last_skipped`.
-    pub async fn snapshot(&self, event: i64, last_to: u64, last_skipped: u64) -> Result<Snapshot, StoreError> {
+    pub async fn snapshot(
+        &self,
+        event: i64,
+        last_to: u64,
+        last_skipped: u64,
+        left_since: u64,
+    ) -> Result<Snapshot, StoreError> {
         let k = self.keys(event);
         let mut pipe = redis::pipe();
         pipe.atomic()
@@ -727,7 +844,8 @@ impl QueueStore {
             .scard(k.key("pre"))
             .lrange(k.key("waits"), 0, -1)
             .zrangebyscore(k.key("batches"), format!("({last_to}"), "+inf")
-            .zrangebyscore(k.key("skipped"), format!("({last_skipped}"), "+inf");
+            .zrangebyscore(k.key("skipped"), format!("({last_skipped}"), "+inf")
+            .zrangebyscore_withscores(k.key("left"), left_since, "+inf");
         type Reply = (
             (u64, u64),
             HashMap<String, String>,
@@ -739,9 +857,10 @@ impl QueueStore {
             Vec<u64>,
             Vec<String>,
             Vec<u64>,
+            Vec<(String, u64)>,
         );
         let mut conn = self.conn.clone();
-        let (time, settings, seq, head, stats, active, prequeue, waits_ms, batches, skipped): Reply =
+        let (time, settings, seq, head, stats, active, prequeue, waits_ms, batches, skipped, left): Reply =
             self.run(pipe.query_async(&mut conn)).await?;
         let stat = |name: &str| stats.get(name).and_then(|v| v.parse().ok()).unwrap_or(0);
         let new_batches = batches.iter().map(|m| Batch::parse(m).ok_or_else(|| StoreError::Reply(m.clone())));
@@ -756,10 +875,12 @@ impl QueueStore {
                 prequeue,
                 later_seq: stat("later_seq"),
                 later_head: stat("later_head"),
+                freed_total: stat("freed_total"),
             },
             waits_ms,
             new_batches: new_batches.collect::<Result<_, _>>()?,
             new_skipped: skipped,
+            new_left: left,
             redis_ms: time.0 * 1000 + time.1 / 1000,
         })
     }

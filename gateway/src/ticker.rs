@@ -20,8 +20,8 @@ use pingora::services::background::BackgroundService;
 use tokens::{AccountId, AdmissionClaims, Keyring};
 
 use crate::limits::{Limits, NODE_ALIVE};
-use crate::room::{ChallengeMode, History, Live, QueueState, Room, Rooms};
-use crate::store::{LazyStore, QueueStore, Stepped, StoreError};
+use crate::room::{ChallengeMode, History, Left, Live, QueueState, Room, Rooms};
+use crate::store::{Freed, FreedBy, LazyStore, QueueStore, Stepped, StoreError};
 use crate::upstreams::Upstreams;
 
 /// The background service.
@@ -39,11 +39,16 @@ pub struct Ticker {
     pub quiet_every: Duration,
     /// This node's id among the gateway nodes that share each account's budget.
     pub node: String,
+    /// Whether a paid order frees its fan's slot (booking's order event stream is read).
+    pub free_on_paid: bool,
 }
 
 /// Rooms stepped at once: their Redis calls share one multiplexed connection, so a node with hundreds of
 /// rooms (past events stay listed) does not take hundreds of round trips in a row each tick.
 const ROOMS_AT_ONCE: usize = 16;
+
+/// Entries of booking's order event stream read per tick: a tick reads on from where the last one stopped.
+const PAID_PER_TICK: usize = 500;
 
 #[async_trait]
 impl BackgroundService for Ticker {
@@ -55,6 +60,8 @@ impl BackgroundService for Ticker {
         let mut last_availability = Instant::now();
         let mut last_registration: Option<Instant> = None;
         let mut stepped = HashMap::new();
+        // Where this node reads booking's order event stream from: its end when the node starts.
+        let mut orders: Option<String> = None;
         // Made here, inside this service's runtime, like the Redis connection.
         let connector = Connector::new(None);
         loop {
@@ -71,6 +78,9 @@ impl BackgroundService for Ticker {
             if last_registration.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
                 last_registration = Some(Instant::now());
                 self.register().await;
+            }
+            if self.free_on_paid {
+                self.free_paid(&mut orders).await;
             }
             match self.tick(&mut stepped).await {
                 Ok(()) if failing => {
@@ -185,6 +195,44 @@ impl Ticker {
         }
     }
 
+    /// Frees the slots of fans whose orders were paid since the last call, as booking's order event stream
+    /// says (every node reads it; a slot is freed and counted once whichever node frees it first).
+    async fn free_paid(&self, cursor: &mut Option<String>) {
+        let Ok(store) = self.store.get() else { return };
+        let after = match cursor.clone() {
+            Some(after) => after,
+            None => match store.outbox_end().await {
+                Ok(end) => {
+                    *cursor = Some(end);
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not find the end of the order event stream");
+                    return;
+                }
+            },
+        };
+        let (paid, last) = match store.paid_after(&after, PAID_PER_TICK).await {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not read the order event stream");
+                return;
+            }
+        };
+        for order in paid.iter().filter(|p| self.rooms.get(p.event).is_some()) {
+            match store.free(order.event, &order.account, FreedBy::Paid).await {
+                Ok(Freed::Now { .. }) => tracing::debug!(event = order.event, "a paid fan's slot freed"),
+                Ok(_) => {}
+                Err(e) => {
+                    // Read again from here next time: freeing is idempotent.
+                    tracing::debug!(error = %e, event = order.event, "could not free a paid fan's slot");
+                    return;
+                }
+            }
+        }
+        *cursor = Some(last);
+    }
+
     /// Steps and reads every room that is due (`stepped`: when each room last was), a few at once. A room
     /// that fails does not hold the others back: they stay fresh, and the first error is returned.
     async fn tick(&self, stepped: &mut HashMap<i64, Instant>) -> Result<(), StoreError> {
@@ -259,9 +307,14 @@ impl Ticker {
 pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<(), StoreError> {
     let previous = rooms.get(event);
     let history = previous.as_ref().map_or_else(|| Arc::new(RwLock::new(History::default())), |r| r.history.clone());
+    let left = previous.as_ref().map_or_else(|| Arc::new(RwLock::new(Left::default())), |r| r.left.clone());
     let (last_to, last_skipped) = history.read().map(|h| (h.last_to(), h.last_skipped())).unwrap_or_default();
-    let snap = store.snapshot(event, last_to, last_skipped).await?;
+    let left_since = left.read().map(|l| l.last_ms).unwrap_or_default();
+    let snap = store.snapshot(event, last_to, last_skipped, left_since).await?;
     let Some(settings) = snap.settings else { return Ok(()) };
+    if let Ok(mut l) = left.write() {
+        l.extend(snap.new_left, snap.redis_ms, settings.session_seconds);
+    }
     let admitted_last_minute = match history.write() {
         Ok(mut h) => {
             for batch in snap.new_batches {
@@ -283,6 +336,6 @@ pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<()
         read_at: Instant::now(),
     };
     crate::metrics::record_room(event, &live);
-    rooms.put(event, Room { live, history });
+    rooms.put(event, Room { live, history, left });
     Ok(())
 }

@@ -1,5 +1,6 @@
 """The gate in a real browser: in a waiting room whose challenge is on, a fan's page solves the proof of work in
-its worker, shows its progress, joins, is admitted and buys; the solution it sent cannot be sent again."""
+its worker, shows its progress, joins, is admitted, buys and says it is done; the solution it sent cannot be
+sent again."""
 
 import json
 import urllib.request
@@ -41,6 +42,10 @@ def test_a_fan_solves_the_rooms_challenge_joins_buys_and_its_solution_cannot_be_
     fan.page.click("#pay")
     fan.page.wait_for_url(f"**/events/{GATED}/buy#order=*", timeout=10_000)
     fan.page.wait_for_selector("#order-status.paid", timeout=15_000)
+    # Done: the fan leaves the room from the page, and its slot goes to the next fan.
+    fan.page.click("#done")
+    fan.page.wait_for_selector("#message.info", timeout=10_000)
+    assert "next fan" in fan.page.inner_text("#message")
 
     # The page's solution, sent again by anyone (the fan's own account included), is spent.
     status, body = join("gated-fan", GATED, solutions[0])

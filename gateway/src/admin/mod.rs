@@ -224,6 +224,8 @@ pub struct LiveView {
     pub admitted_total: u64,
     pub admissions_per_minute: u64,
     pub abandoned_total: u64,
+    /// Slots freed before their session ended: fans whose orders were paid, and fans who left.
+    pub freed_total: u64,
     pub median_wait_seconds: Option<f64>,
     pub places_given: u64,
     pub head: u64,
@@ -268,6 +270,7 @@ async fn get_room(
             admitted_total: live.counts.admitted_total,
             admissions_per_minute: live.admitted_last_minute,
             abandoned_total: live.counts.abandoned_total,
+            freed_total: live.counts.freed_total,
             median_wait_seconds: live.median_wait_ms.map(|ms| ms as f64 / 1000.0),
             places_given: live.counts.seq,
             head: live.counts.head,

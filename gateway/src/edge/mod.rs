@@ -276,7 +276,7 @@ impl Edge {
         let req = session.req_header();
         let method = req.method.as_str();
         let (event, allowed) = match *route {
-            Route::QueueJoin(e) => (e, "POST"),
+            Route::QueueJoin(e) | Route::QueueLeave(e) => (e, "POST"),
             Route::QueueStatus(e) | Route::QueuePage(e) | Route::QueueSignin(e) | Route::QueueSolver(e) => (e, "GET"),
             _ => return Reply::error(404, "not_found", "no such route"),
         };
@@ -333,6 +333,7 @@ impl Edge {
                 self.queue.join(event, &ask).await
             }
             Route::QueueSignin(_) => self.queue.signin(event, req.uri.query()).await,
+            Route::QueueLeave(_) => self.queue.leave(event, authorization, &cookies).await,
             // The page's URL answers JSON to a client that asks for it: caches key on Accept.
             Route::QueuePage(_) => {
                 self.queue.status(event, authorization, &cookies).await.header("vary", "Accept".into())
@@ -396,11 +397,21 @@ impl Edge {
     }
 
     /// A proof lasts at most one session of its event's room (and a minute's leeway): one signed to last longer
-    /// (a leaked key, a mistaken mint, an `exp` in the year 3000) is refused, whatever its expiry says. An event
-    /// this node knows no room for has no session to hold it to.
+    /// (a leaked key, a mistaken mint, an `exp` in the year 3000) is refused, whatever its expiry says; one
+    /// issued before its fan left the room is over. An event this node knows no room for has no session to hold
+    /// it to.
     fn within_session(&self, claims: &tokens::AdmissionClaims, event: i64) -> Result<(), routes::Refusal> {
         const LEEWAY_SECONDS: u64 = 60;
-        let Some(session) = self.queue.rooms.session_seconds(event) else { return Ok(()) };
+        let Some((session, left)) = self.queue.rooms.session_and_left(event, claims.sub.as_str()) else {
+            return Ok(());
+        };
+        if left.is_some_and(|at_ms| claims.iat * 1000 <= at_ms) {
+            return Err(routes::Refusal::new(
+                401,
+                "admission_ended",
+                "you left this event's waiting room; join it again for a new place",
+            ));
+        }
         let session = u64::from(session) + LEEWAY_SECONDS;
         if claims.exp.saturating_sub(claims.iat) > session {
             return Err(routes::Refusal::new(
@@ -517,6 +528,7 @@ impl Edge {
             Route::QueuePage(_)
             | Route::QueueJoin(_)
             | Route::QueueStatus(_)
+            | Route::QueueLeave(_)
             | Route::QueueSignin(_)
             | Route::QueueSolver(_) => Some(Box::pin(self.queue(session, &route)).await),
             Route::MapStream(event) => {

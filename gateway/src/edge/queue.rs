@@ -14,7 +14,7 @@ use crate::gate::Gate;
 use crate::limits::Limits;
 use crate::metrics::record_gate;
 use crate::room::{self, ChallengeMode, Freshness, QueueState, Rooms, Standing};
-use crate::store::{CodeRefusal, Joined, Joining, LazyStore, Passed, QueueStore, Stepped};
+use crate::store::{CodeRefusal, Freed, FreedBy, Joined, Joining, LazyStore, Passed, QueueStore, Stepped};
 
 /// Cookie carrying the platform's account token for browsers (set by the platform's login, `HttpOnly`; or by
 /// the demo sign-in). The gateway never takes an account from a URL: a link that signed its reader in would
@@ -638,6 +638,53 @@ impl Queue {
         })
     }
 
+    /// `POST /queue/{event}/leave`: the fan is done. Its admission ends on every node and its slot goes to the
+    /// next fan at once; a fan still waiting gives up its place. Who leaves is said by its admission proof or its
+    /// queue ticket (`Authorization: Bearer`, or the ticket's cookie, which the room's pages send). Leaving
+    /// twice is leaving once.
+    pub async fn leave(&self, event: i64, authorization: Option<&str>, cookies: &[&str]) -> Reply {
+        let candidates = [bearer(authorization), tokens::cookie(cookies.iter().copied(), &ticket_cookie(event))];
+        let mut who = None;
+        for token in candidates.into_iter().flatten() {
+            let found = match self.admission.verify_admission(token) {
+                Ok(claims) => Some((claims.sub, claims.evt)),
+                Err(_) => self.admission.verify_ticket(token).ok().map(|t| (t.sub, t.evt)),
+            };
+            if found.is_some() {
+                who = found;
+                break;
+            }
+        }
+        let Some((account, ticket_event)) = who else {
+            return Reply::error(
+                401,
+                "proof_required",
+                "leaving needs the admission proof or the queue ticket of the fan who leaves",
+            );
+        };
+        if ticket_event != event {
+            return Reply::error(403, "ticket_wrong_event", "that proof or ticket is for another event");
+        }
+        let Ok(store) = self.store.get() else { return Reply::unavailable() };
+        match store.free(event, account.as_str(), FreedBy::Left).await {
+            Ok(Freed::Unknown) => Reply::error(404, "queue_not_found", "this event has no waiting room"),
+            Ok(Freed::Now { at_ms } | Freed::NotActive { at_ms }) => {
+                // This node's view learns it now; the others at their next read.
+                if let Some(room) = self.rooms.get(event)
+                    && let Ok(mut left) = room.left.write()
+                {
+                    left.extend(vec![(account.as_str().to_owned(), at_ms)], at_ms, room.live.settings.session_seconds);
+                }
+                let cleared = self.cookie(&ticket_cookie(event), "", &format!("/queue/{event}"), 0);
+                Reply::json(200, &json!({ "event_id": event, "state": "left" })).header("set-cookie", cleared)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, event, "leave failed");
+                Reply::unavailable()
+            }
+        }
+    }
+
     /// `GET /queue/{event}/status` with a queue ticket.
     pub async fn status(&self, event: i64, authorization: Option<&str>, cookies: &[&str]) -> Reply {
         let cookie_name = ticket_cookie(event);
@@ -694,6 +741,9 @@ impl Queue {
                 return reply;
             }
             return self.waiting(event, settings, ticket.place).into();
+        }
+        if room.left_at(ticket.sub.as_str()).is_some_and(|at_ms| ticket.iat * 1000 <= at_ms) {
+            return Reply::error(409, "session_ended", "you left this waiting room; join again for a new place");
         }
         self.rooms.seen(event, ticket.sub.as_str());
         if let Some(reply) = closed_for_waiting(event, &room.live.settings, ticket.place, room.live.counts.head) {

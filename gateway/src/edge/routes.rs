@@ -23,6 +23,8 @@ pub enum Route {
     QueueJoin(i64),
     /// `/queue/{id}/status`.
     QueueStatus(i64),
+    /// `/queue/{id}/leave`: an admitted (or waiting) fan is done.
+    QueueLeave(i64),
     /// `/queue/{id}/signin`: the demo sign-in (`GATEWAY_DEV_SIGNIN` only).
     QueueSignin(i64),
     /// `/queue/{id}/solver.js`: the page's proof-of-work worker.
@@ -68,6 +70,7 @@ pub fn route(path: &str) -> Route {
         None => Route::QueuePage(event),
         Some("join") => Route::QueueJoin(event),
         Some("status") => Route::QueueStatus(event),
+        Some("leave") => Route::QueueLeave(event),
         Some("signin") => Route::QueueSignin(event),
         Some("solver.js") => Route::QueueSolver(event),
         Some(_) => Route::Unknown,
@@ -146,6 +149,7 @@ mod tests {
         assert_eq!(route("/queue/3/join"), Route::QueueJoin(3));
         assert_eq!(route("/queue/3/solver.js"), Route::QueueSolver(3));
         assert_eq!(route("/queue/3/status"), Route::QueueStatus(3));
+        assert_eq!(route("/queue/3/leave"), Route::QueueLeave(3));
         assert_eq!(route("/queue/3/signin"), Route::QueueSignin(3));
         assert_eq!(route("/queue/3/other"), Route::Unknown);
         assert_eq!(route("/queue/0/join"), Route::BadEventId);

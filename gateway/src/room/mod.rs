@@ -382,6 +382,8 @@ pub struct Counts {
     pub later_seq: u64,
     /// The last number of that line the admission step has moved into the queue (or skipped as abandoned).
     pub later_head: u64,
+    /// Slots freed before their session ended: orders paid, fans who left.
+    pub freed_total: u64,
 }
 
 /// The queue figures of one refresh, replaced whole each time.
@@ -515,11 +517,44 @@ pub fn poll_after_ms(settings: &Settings, eta_seconds: Option<u64>, jitter: f64)
     (base as f64 * jitter.clamp(0.8, 1.2)) as u64
 }
 
+/// The fans who left a room within the last session, as this node has read them: their admissions (issued
+/// before they left) are over.
+#[derive(Debug, Default)]
+pub struct Left {
+    /// Account -> when it left (Redis's clock, ms).
+    pub at: HashMap<String, u64>,
+    /// The latest time read (fetch from it next time).
+    pub last_ms: u64,
+}
+
+impl Left {
+    /// Adds what a refresh read, and forgets who left longer ago than a session (and a minute): every
+    /// admission they held has expired by then.
+    pub fn extend(&mut self, left: Vec<(String, u64)>, now_ms: u64, session_seconds: u32) {
+        for (account, at) in left {
+            self.last_ms = self.last_ms.max(at);
+            let entry = self.at.entry(account).or_default();
+            *entry = (*entry).max(at);
+        }
+        let horizon = now_ms.saturating_sub((u64::from(session_seconds) + 60) * 1000);
+        self.at.retain(|_, at| *at >= horizon);
+    }
+}
+
 /// An event's room on this node.
 #[derive(Debug)]
 pub struct Room {
     pub live: Live,
     pub history: Arc<RwLock<History>>,
+    pub left: Arc<RwLock<Left>>,
+}
+
+impl Room {
+    /// When `account` left the room, if it did within the last session.
+    pub fn left_at(&self, account: &str) -> Option<u64> {
+        let left = self.left.read().ok()?;
+        if left.at.is_empty() { None } else { left.at.get(account).copied() }
+    }
 }
 
 /// Every room this node knows, and the fans whose polls it served since the last flush to Redis.
@@ -553,10 +588,12 @@ impl Rooms {
         self.rooms.read().ok()?.get(&event).cloned()
     }
 
-    /// The room's session length as this node knows it (read in place: the forwarding path asks on every
-    /// request).
-    pub fn session_seconds(&self, event: i64) -> Option<u32> {
-        self.rooms.read().ok()?.get(&event).map(|room| room.live.settings.session_seconds)
+    /// The room's session length as this node knows it, and when `account` left it if it did within the last
+    /// session (read in place: the forwarding path asks on every request).
+    pub fn session_and_left(&self, event: i64, account: &str) -> Option<(u32, Option<u64>)> {
+        let rooms = self.rooms.read().ok()?;
+        let room = rooms.get(&event)?;
+        Some((room.live.settings.session_seconds, room.left_at(account)))
     }
 
     /// The room if this node's view of it is fresher than `max_age`.

@@ -132,7 +132,9 @@ mod properties {
 #[test]
 fn a_room_is_quiet_only_with_nothing_for_a_step_to_do() {
     let rooms = Rooms::default();
-    let put = |state, seq, head| rooms.put(1, Room { live: live(state, seq, head), history: Default::default() });
+    let put = |state, seq, head| {
+        rooms.put(1, Room { live: live(state, seq, head), history: Default::default(), left: Default::default() })
+    };
     assert!(!rooms.quiet(1), "a room never read is stepped");
     put(QueueState::Open, 10, 10);
     assert!(rooms.quiet(1), "everyone who joined was let in");

@@ -2,8 +2,6 @@
 //! `codes_first` admits them ahead of everyone who joined without one. A code binds to the first account that
 //! redeems it (or to as many as a shared code allows), within its window; a refused code costs its sender.
 
-use std::time::{Duration, Instant};
-
 use futures::future::join_all;
 use serde_json::{Value, json};
 use tokens::Keyring;
@@ -31,25 +29,6 @@ async fn codes_of(node: &GatewayProcess, event: i64, ask: Value) -> Vec<String> 
 /// The `later` number a ticket carries (0: none).
 fn later(reply: &Reply) -> u64 {
     Keyring::parse(KEYS).expect("keys").verify_ticket(&reply.ticket()).expect("a valid ticket").later
-}
-
-/// Polls `ticket` (bounded) until `check` holds for the answer; returns it.
-async fn poll_until(
-    node: &GatewayProcess,
-    event: i64,
-    ticket: &str,
-    what: &str,
-    check: impl Fn(&Reply) -> bool,
-) -> Reply {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let answer = node.status(event, ticket).await;
-        if check(&answer) {
-            return answer;
-        }
-        assert!(Instant::now() < deadline, "{what}: {}", answer.text);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,7 +174,7 @@ async fn with_codes_first_code_holders_are_admitted_ahead_of_everyone_who_joined
         assert_eq!((joined.status, joined.place()), (200, i as u64 + 1), "{}", joined.text);
         holders.push(joined.ticket());
     }
-    poll_until(&node, event, &public[0], "the first fan without a code is behind both holders", |r| {
+    node.poll_until(event, &public[0], "the first fan without a code is behind both holders", |r| {
         r.body["position"] == 3
     })
     .await;
@@ -204,9 +183,9 @@ async fn with_codes_first_code_holders_are_admitted_ahead_of_everyone_who_joined
     // Open, with room for two: both holders are admitted; the fans without a code wait.
     node.configure(event, json!({"state": "open"})).await;
     for ticket in &holders {
-        poll_until(&node, event, ticket, "a code holder admitted", |r| r.body["state"] == "admitted").await;
+        node.poll_until(event, ticket, "a code holder admitted", |r| r.body["state"] == "admitted").await;
     }
-    poll_until(&node, event, &public[0], "next after the holders", |r| r.body["position"] == 1).await;
+    node.poll_until(event, &public[0], "next after the holders", |r| r.body["position"] == 1).await;
     // A holder who comes now still goes first; so does switching access to public change nothing for those
     // already in line: a fan without a code who joins then waits behind them.
     let late = join_with_code(&node, event, "code-3", &codes[2]).await;
@@ -214,24 +193,24 @@ async fn with_codes_first_code_holders_are_admitted_ahead_of_everyone_who_joined
     node.configure(event, json!({"access": "public"})).await;
     let fourth = node.join(event, "pub-4").await;
     assert_eq!((fourth.status, later(&fourth)), (200, 4), "{}", fourth.text);
-    poll_until(&node, event, &public[0], "behind the late holder", |r| r.body["position"] == 2).await;
+    node.poll_until(event, &public[0], "behind the late holder", |r| r.body["position"] == 2).await;
 
     // Room for one more: the late holder, not the first fan without a code.
     node.configure(event, json!({"max_active": 3})).await;
-    poll_until(&node, event, &late.ticket(), "the late holder admitted", |r| r.body["state"] == "admitted").await;
+    node.poll_until(event, &late.ticket(), "the late holder admitted", |r| r.body["state"] == "admitted").await;
     let still =
-        poll_until(&node, event, &public[0], "the first fan without a code is next", |r| r.body["position"] == 1).await;
+        node.poll_until(event, &public[0], "the first fan without a code is next", |r| r.body["position"] == 1).await;
     assert_eq!(still.body["state"], "waiting");
 
     // Room for everyone: the fans without a code go in, in the order they came, and get tickets with places.
     node.configure(event, json!({"max_active": 100})).await;
     let mut places = Vec::new();
     for ticket in &public {
-        let admitted = poll_until(&node, event, ticket, "admitted", |r| r.body["state"] == "admitted").await;
+        let admitted = node.poll_until(event, ticket, "admitted", |r| r.body["state"] == "admitted").await;
         places.push(admitted.place());
     }
     assert_eq!(places, vec![4, 5, 6], "the line keeps its order behind the holders' places 1 to 3");
-    poll_until(&node, event, &fourth.ticket(), "the fourth fan admitted", |r| r.body["state"] == "admitted").await;
+    node.poll_until(event, &fourth.ticket(), "the fourth fan admitted", |r| r.body["state"] == "admitted").await;
     upstream.stop().await;
 }
 

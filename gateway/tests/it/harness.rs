@@ -284,6 +284,19 @@ impl GatewayProcess {
         self.send(self.client.get(format!("{}/queue/{event}/status", self.base)).bearer_auth(ticket)).await
     }
 
+    /// Polls `ticket` (bounded: 10 s) until `check` holds for the answer; returns it.
+    pub async fn poll_until(&self, event: i64, ticket: &str, what: &str, check: impl Fn(&Reply) -> bool) -> Reply {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let answer = self.status(event, ticket).await;
+            if check(&answer) {
+                return answer;
+            }
+            assert!(Instant::now() < deadline, "{what}: {}", answer.text);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// `PUT /admin/events/{event}` on this node's admin listener.
     pub async fn configure(&self, event: i64, settings: Value) -> Reply {
         let req =

@@ -3,6 +3,7 @@
 
 mod codes;
 mod edge;
+mod freed;
 mod gate;
 mod harness;
 mod limits;
