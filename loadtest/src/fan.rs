@@ -253,11 +253,13 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
         return Ok(());
     }
 
+    // The wait the room promised at the join (none when admitted at once, or while nothing can be promised).
+    let promised = (join.body["state"] == "waiting").then(|| join.body["eta_seconds"].as_f64()).flatten();
     // Wait, at the server's pace, until admitted.
     let waited = wait_for_turn(user, run, &fan, join, joined_at, &mut turn).await;
     run.stats.turn(turn);
     let Some(proof) = waited? else { return Ok(()) };
-    run.stats.admitted(run.started.elapsed(), joined_at.elapsed());
+    run.stats.admitted(run.started.elapsed(), joined_at.elapsed(), promised);
     Tally::add(&tally.admitted, 1);
     let auth = format!("Bearer {proof}");
 

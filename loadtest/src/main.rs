@@ -413,6 +413,22 @@ fn render(s: &Summary, fans: usize) -> String {
         s.process.cpu_seconds,
         s.process.peak_memory_mib,
     );
+    if let Some(e) = &s.eta_at_join {
+        out = out.replace(
+            "| hold latency p50 / p95 / p99 |",
+            &format!(
+                "| ETA at join, error p50 / p90 | {:.1} / {:.1} s; {:.0}% / {:.0}% of the wait (n = {}; on average {:.1} s {}) |\n\
+                 | hold latency p50 / p95 / p99 |",
+                e.abs_p50_s,
+                e.abs_p90_s,
+                e.rel_p50 * 100.0,
+                e.rel_p90 * 100.0,
+                e.fans,
+                e.mean_late_s.abs(),
+                if e.mean_late_s >= 0.0 { "later than promised" } else { "sooner than promised" },
+            ),
+        );
+    }
     let ratio = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
     out = out.replace(
         "| gave up (no seats left to try) |",

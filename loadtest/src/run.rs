@@ -135,6 +135,8 @@ pub struct Sample {
 #[derive(Default)]
 struct Timings {
     queue_wait_ms: Vec<u64>,
+    /// Admitted fans who were promised a wait at the join: (promised, waited), in seconds.
+    eta: Vec<(f64, f64)>,
     hold_ms: Vec<u64>,
     checkout_ms: Vec<u64>,
     payment_ms: Vec<u64>,
@@ -164,11 +166,15 @@ impl Stats {
         self.with(|t| *t.statuses.entry(format!("{name} {status}")).or_default() += 1);
     }
 
-    pub fn admitted(&self, since_start: Duration, waited: Duration) {
+    /// A fan admitted after `waited`, having been promised `promised` seconds at the join (if it was).
+    pub fn admitted(&self, since_start: Duration, waited: Duration, promised: Option<f64>) {
         Self::add(&self.admitted);
         self.with(|t| {
             t.admitted_at_ms.push(since_start.as_millis() as u64);
             t.queue_wait_ms.push(waited.as_micros() as u64);
+            if let Some(promised) = promised {
+                t.eta.push((promised, waited.as_secs_f64()));
+            }
         });
     }
 
@@ -253,6 +259,7 @@ impl Stats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let t = self.timings.lock().map(|t| Timings {
             queue_wait_ms: t.queue_wait_ms.clone(),
+            eta: t.eta.clone(),
             hold_ms: t.hold_ms.clone(),
             checkout_ms: t.checkout_ms.clone(),
             payment_ms: t.payment_ms.clone(),
@@ -317,6 +324,7 @@ impl Stats {
                 .first()
                 .map(|first| t.last_order_ms.saturating_sub(*first) as f64 / 1000.0),
             queue_wait_ms: Percentiles::of(t.queue_wait_ms),
+            eta_at_join: EtaError::of(&t.eta),
             hold_ms: Percentiles::of(t.hold_ms),
             checkout_ms: Percentiles::of(t.checkout_ms),
             payment_ms: Percentiles::of(t.payment_ms),
@@ -353,6 +361,45 @@ impl Percentiles {
         let ms = |us: u64| us as f64 / 1000.0;
         let at = |q: f64| ms(micros[((micros.len() as f64 * q).ceil() as usize).clamp(1, micros.len()) - 1]);
         Self { count: micros.len(), p50: at(0.50), p95: at(0.95), p99: at(0.99), max: ms(micros[micros.len() - 1]) }
+    }
+}
+
+/// The error of the ETAs a room promised, against the waits fans had: absolute, in seconds, and relative to
+/// the wait (over fans who waited a second or more).
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct EtaError {
+    pub fans: usize,
+    pub abs_p50_s: f64,
+    pub abs_p90_s: f64,
+    pub rel_p50: f64,
+    pub rel_p90: f64,
+    /// Mean of (waited - promised): above 0, fans waited longer than promised.
+    pub mean_late_s: f64,
+}
+
+impl EtaError {
+    /// From (promised, waited) pairs in seconds; `None` without any.
+    pub fn of(pairs: &[(f64, f64)]) -> Option<Self> {
+        if pairs.is_empty() {
+            return None;
+        }
+        let nearest = |mut v: Vec<f64>, q: f64| {
+            if v.is_empty() {
+                return 0.0;
+            }
+            v.sort_by(f64::total_cmp);
+            v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
+        };
+        let abs: Vec<f64> = pairs.iter().map(|(p, w)| (w - p).abs()).collect();
+        let rel: Vec<f64> = pairs.iter().filter(|(_, w)| *w >= 1.0).map(|(p, w)| (w - p).abs() / w).collect();
+        Some(Self {
+            fans: pairs.len(),
+            abs_p50_s: nearest(abs.clone(), 0.5),
+            abs_p90_s: nearest(abs, 0.9),
+            rel_p50: nearest(rel.clone(), 0.5),
+            rel_p90: nearest(rel, 0.9),
+            mean_late_s: pairs.iter().map(|(p, w)| w - p).sum::<f64>() / pairs.len() as f64,
+        })
     }
 }
 
@@ -412,6 +459,9 @@ pub struct Summary {
     pub admissions_per_minute: Option<f64>,
     pub first_admission_to_last_order_seconds: Option<f64>,
     pub queue_wait_ms: Percentiles,
+    /// How far the wait promised at the join was from the wait each admitted fan had.
+    #[serde(default)]
+    pub eta_at_join: Option<EtaError>,
     pub hold_ms: Percentiles,
     pub checkout_ms: Percentiles,
     /// From opening the payment to booking's `paid` (through the provider and its webhook).
@@ -466,6 +516,16 @@ mod tests {
         assert_eq!((p.count, p.p50, p.p95, p.p99, p.max), (100, 50.0, 95.0, 99.0, 100.0));
         assert_eq!(Percentiles::of(vec![7500]).p99, 7.5);
         assert_eq!(Percentiles::of(Vec::new()).count, 0);
+    }
+
+    #[test]
+    fn eta_errors_are_absolute_and_relative_to_the_wait() {
+        assert!(EtaError::of(&[]).is_none());
+        // Promised 10 s each; waited 5, 10, 20 and 30 s.
+        let e = EtaError::of(&[(10.0, 5.0), (10.0, 10.0), (10.0, 20.0), (10.0, 30.0)]).expect("four fans");
+        assert_eq!((e.fans, e.abs_p50_s, e.abs_p90_s), (4, 5.0, 20.0));
+        assert_eq!((e.rel_p50, e.rel_p90), (0.5, 1.0));
+        assert_eq!(e.mean_late_s, 6.25);
     }
 
     #[test]
