@@ -20,7 +20,7 @@ use pingora::services::background::BackgroundService;
 use tokens::{AccountId, AdmissionClaims, Keyring};
 
 use crate::limits::{Limits, NODE_ALIVE};
-use crate::room::{ChallengeMode, History, Left, Live, QueueState, Room, Rooms};
+use crate::room::{ChallengeMode, History, Left, Live, Outflow, QueueState, Room, Rooms};
 use crate::store::{Freed, FreedBy, LazyStore, QueueStore, Stepped, StoreError};
 use crate::upstreams::Upstreams;
 
@@ -315,15 +315,16 @@ pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<()
     if let Ok(mut l) = left.write() {
         l.extend(snap.new_left, snap.redis_ms, settings.session_seconds);
     }
-    let admitted_last_minute = match history.write() {
+    let (admitted_last_minute, outflow) = match history.write() {
         Ok(mut h) => {
             for batch in snap.new_batches {
                 h.batches.insert(batch.to, batch);
             }
             h.skipped.extend(snap.new_skipped);
-            h.admitted_since(snap.redis_ms.saturating_sub(60_000))
+            let outflow = h.outflow(snap.redis_ms, u64::from(settings.session_seconds) * 1000);
+            (h.admitted_since(snap.redis_ms.saturating_sub(60_000)), outflow)
         }
-        Err(_) => 0,
+        Err(_) => (0, Outflow::default()),
     };
     let mut waits = snap.waits_ms;
     waits.sort_unstable();
@@ -332,6 +333,7 @@ pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<()
         counts: snap.counts,
         median_wait_ms: waits.get(waits.len() / 2).copied(),
         admitted_last_minute,
+        outflow,
         redis_ms: snap.redis_ms,
         read_at: Instant::now(),
     };

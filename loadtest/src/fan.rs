@@ -114,9 +114,12 @@ async fn wait_for_turn(
     let (s, event) = (&run.settings, run.settings.event);
     let mut answer = join;
     let mut ticket = answer.str("ticket").unwrap_or_default();
+    // The waits the room promised at each poll after the join, and when.
+    let mut promised: Vec<(Instant, f64)> = Vec::new();
     loop {
         match answer.body["state"].as_str() {
             Some("admitted") => {
+                run.stats.promises(promised.iter().map(|(at, eta)| (*eta, at.elapsed().as_secs_f64())));
                 let proof = answer.str("admission_token").unwrap_or_default();
                 turn.admitted_at = claim(&proof, "iat");
                 turn.outcome = TurnOutcome::Admitted;
@@ -153,6 +156,9 @@ async fn wait_for_turn(
         .await?;
         if let Some(fresh) = answer.str("ticket") {
             ticket = fresh;
+        }
+        if let (Some("waiting"), Some(eta)) = (answer.body["state"].as_str(), answer.body["eta_seconds"].as_f64()) {
+            promised.push((Instant::now(), eta));
         }
     }
 }

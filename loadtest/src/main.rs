@@ -413,11 +413,12 @@ fn render(s: &Summary, fans: usize) -> String {
         s.process.cpu_seconds,
         s.process.peak_memory_mib,
     );
-    if let Some(e) = &s.eta_at_join {
+    for (label, eta) in [("ETA at join", &s.eta_at_join), ("ETA at later polls", &s.eta_at_polls)] {
+        let Some(e) = eta else { continue };
         out = out.replace(
             "| hold latency p50 / p95 / p99 |",
             &format!(
-                "| ETA at join, error p50 / p90 | {:.1} / {:.1} s; {:.0}% / {:.0}% of the wait (n = {}; on average {:.1} s {}) |\n\
+                "| {label}, error p50 / p90 | {:.1} / {:.1} s; {:.0}% / {:.0}% of the wait (n = {}; on average {:.1} s {}) |\n\
                  | hold latency p50 / p95 / p99 |",
                 e.abs_p50_s,
                 e.abs_p90_s,

@@ -137,6 +137,8 @@ struct Timings {
     queue_wait_ms: Vec<u64>,
     /// Admitted fans who were promised a wait at the join: (promised, waited), in seconds.
     eta: Vec<(f64, f64)>,
+    /// The same for every later poll of an admitted fan that promised a wait: (promised, waited from then).
+    eta_polls: Vec<(f64, f64)>,
     hold_ms: Vec<u64>,
     checkout_ms: Vec<u64>,
     payment_ms: Vec<u64>,
@@ -176,6 +178,11 @@ impl Stats {
                 t.eta.push((promised, waited.as_secs_f64()));
             }
         });
+    }
+
+    /// The waits promised at an admitted fan's polls after its join, each with the wait it had from then.
+    pub fn promises(&self, pairs: impl Iterator<Item = (f64, f64)>) {
+        self.with(|t| t.eta_polls.extend(pairs));
     }
 
     /// A fan read the map's status (`bytes` as they came over the wire).
@@ -260,6 +267,7 @@ impl Stats {
         let t = self.timings.lock().map(|t| Timings {
             queue_wait_ms: t.queue_wait_ms.clone(),
             eta: t.eta.clone(),
+            eta_polls: t.eta_polls.clone(),
             hold_ms: t.hold_ms.clone(),
             checkout_ms: t.checkout_ms.clone(),
             payment_ms: t.payment_ms.clone(),
@@ -325,6 +333,7 @@ impl Stats {
                 .map(|first| t.last_order_ms.saturating_sub(*first) as f64 / 1000.0),
             queue_wait_ms: Percentiles::of(t.queue_wait_ms),
             eta_at_join: EtaError::of(&t.eta),
+            eta_at_polls: EtaError::of(&t.eta_polls),
             hold_ms: Percentiles::of(t.hold_ms),
             checkout_ms: Percentiles::of(t.checkout_ms),
             payment_ms: Percentiles::of(t.payment_ms),
@@ -462,6 +471,9 @@ pub struct Summary {
     /// How far the wait promised at the join was from the wait each admitted fan had.
     #[serde(default)]
     pub eta_at_join: Option<EtaError>,
+    /// The same for the waits promised at every later poll, against the wait from that poll.
+    #[serde(default)]
+    pub eta_at_polls: Option<EtaError>,
     pub hold_ms: Percentiles,
     pub checkout_ms: Percentiles,
     /// From opening the payment to booking's `paid` (through the provider and its webhook).

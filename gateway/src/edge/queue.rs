@@ -39,7 +39,8 @@ pub struct QueueAnswer {
     pub prequeue: bool,
     /// 1 is next; null in the pre-queue, or when admitted, closed or sold out.
     pub position: Option<u64>,
-    /// Seconds until admission at the current rate (until the opening in the pre-queue); null when unknown.
+    /// Seconds until admission at the room's outflow: its rate while it has room, what the last minute admitted
+    /// while it is full (until the opening in the pre-queue); null when nothing can be promised.
     pub eta_seconds: Option<u64>,
     /// When to poll again (server pacing, with jitter).
     pub poll_after_ms: u64,
@@ -582,7 +583,12 @@ impl Queue {
             other => other.as_str(),
         };
         let all_held = settings.all_held && settings.state == QueueState::Open;
-        let eta = if all_held { None } else { room::eta_seconds(settings, position) };
+        // From this node's view of the room's outflow, or the configured rate for a room it has not read yet.
+        let eta = match self.rooms.get(event) {
+            _ if all_held => None,
+            Some(room) => room.live.eta_seconds(position),
+            None => room::eta_seconds(settings, position, f64::from(settings.admit_per_minute)),
+        };
         Placed::from(QueueAnswer {
             position: Some(position),
             eta_seconds: eta,

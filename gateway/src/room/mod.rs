@@ -395,6 +395,8 @@ pub struct Live {
     pub median_wait_ms: Option<u64>,
     /// Fans admitted over the last minute, from the step history.
     pub admitted_last_minute: u64,
+    /// What a full room's ETAs are made of (see [`Live::eta_seconds`]).
+    pub outflow: Outflow,
     /// Redis's clock at the refresh, Unix ms.
     pub redis_ms: u64,
     /// When this node read it.
@@ -420,10 +422,47 @@ impl Live {
             .then(|| self.counts.seq.saturating_sub(self.counts.head) + (later - self.counts.later_head))
     }
 
+    /// Seconds until the fan at `position` is admitted (`None` while nothing can be promised). While the room
+    /// has room, the configured rate decides. While it is full (`max_active` fans inside), each admission waits
+    /// for a slot: the `position`-th slot is free by the time the `position`-th oldest session ends, and sooner
+    /// as fast as paid orders and leavers freed slots lately (the admissions of the last
+    /// [`OUTFLOW_WINDOW_MS`]).
+    pub fn eta_seconds(&self, position: u64) -> Option<u64> {
+        let settings = &self.settings;
+        let rate = f64::from(settings.admit_per_minute);
+        if self.counts.active < u64::from(settings.max_active) {
+            return eta_seconds(settings, position, rate);
+        }
+        let now = self.now_ms();
+        let by_sessions = (settings.state == QueueState::Open)
+            .then(|| self.outflow.sessions_end.iter().find(|(_, admitted)| *admitted >= position))
+            .flatten()
+            .map(|(end, _)| end.saturating_sub(now).div_ceil(1000));
+        let by_recent = eta_seconds(settings, position, self.outflow.recent_per_minute.min(rate));
+        match (by_recent, by_sessions) {
+            (Some(recent), Some(sessions)) => Some(recent.min(sessions)),
+            (recent, sessions) => recent.or(sessions),
+        }
+    }
+
     /// Redis's clock now, estimated from the refresh.
     pub fn now_ms(&self) -> u64 {
         self.redis_ms + self.read_at.elapsed().as_millis() as u64
     }
+}
+
+/// The window the recent outflow is measured over: short, so that a full room whose slots stopped freeing
+/// stops promising the pace of the burst that filled it.
+pub const OUTFLOW_WINDOW_MS: u64 = 15_000;
+
+/// A room's outflow, as its steps show it at a refresh.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outflow {
+    /// Admissions per minute over the last [`OUTFLOW_WINDOW_MS`].
+    pub recent_per_minute: f64,
+    /// The steps whose admissions are still within their session, oldest first: when their sessions end (ms),
+    /// and how many admissions end by then.
+    pub sessions_end: Vec<(u64, u64)>,
 }
 
 /// What every step did, accumulated from the start: enough to tell any place's fate without asking Redis.
@@ -452,6 +491,28 @@ impl History {
         }
         let (_, batch) = self.batches.range(place..).next()?;
         (batch.from < place).then_some(batch.at_ms)
+    }
+
+    /// The outflow at `now_ms` of a room whose sessions last `session_ms`.
+    pub fn outflow(&self, now_ms: u64, session_ms: u64) -> Outflow {
+        let recent = self.admitted_since(now_ms.saturating_sub(OUTFLOW_WINDOW_MS));
+        let mut within: Vec<&Batch> = self
+            .batches
+            .values()
+            .rev()
+            .take_while(|b| b.at_ms + session_ms > now_ms)
+            .filter(|b| b.admitted > 0)
+            .collect();
+        within.sort_by_key(|b| b.at_ms);
+        let mut admitted = 0;
+        let sessions_end = within
+            .into_iter()
+            .map(|b| {
+                admitted += b.admitted;
+                (b.at_ms + session_ms, admitted)
+            })
+            .collect();
+        Outflow { recent_per_minute: recent as f64 * 60_000.0 / OUTFLOW_WINDOW_MS as f64, sessions_end }
     }
 
     /// Fans admitted in steps at or after `since_ms`.
@@ -502,10 +563,11 @@ pub fn standing(live: &Live, history: &History, place: u64, now_ms: u64) -> Stan
     }
 }
 
-/// Seconds until a fan at `position` is admitted at the configured rate (`None` while nobody is admitted).
-pub fn eta_seconds(settings: &Settings, position: u64) -> Option<u64> {
-    (settings.state == QueueState::Open && settings.admit_per_minute > 0)
-        .then(|| (position * 60).div_ceil(u64::from(settings.admit_per_minute)))
+/// Seconds until a fan at `position` is admitted when `per_minute` fans go in a minute (`None` while nobody is
+/// admitted, or nothing can be promised).
+pub fn eta_seconds(settings: &Settings, position: u64, per_minute: f64) -> Option<u64> {
+    (settings.state == QueueState::Open && per_minute >= 1.0)
+        .then(|| (position as f64 * 60.0 / per_minute).ceil() as u64)
 }
 
 /// How long a fan should wait before polling again: a quarter of its ETA, between 1 and 10 s, never more than a

@@ -6,6 +6,7 @@ fn live(state: QueueState, seq: u64, head: u64) -> Live {
         counts: Counts { seq, head, ..Counts::default() },
         median_wait_ms: None,
         admitted_last_minute: 0,
+        outflow: Outflow::default(),
         redis_ms: 1_000_000,
         read_at: Instant::now(),
     }
@@ -62,9 +63,11 @@ fn admissions_in_the_last_minute_come_from_recent_steps() {
 #[test]
 fn eta_and_poll_pacing_follow_the_rate() {
     let open = Settings { admit_per_minute: 600, ..Settings::DEFAULT };
-    assert_eq!(eta_seconds(&open, 1), Some(1));
-    assert_eq!(eta_seconds(&open, 600), Some(60));
-    assert_eq!(eta_seconds(&Settings { state: QueueState::Paused, ..open.clone() }, 5), None);
+    assert_eq!(eta_seconds(&open, 1, 600.0), Some(1));
+    assert_eq!(eta_seconds(&open, 600, 600.0), Some(60));
+    assert_eq!(eta_seconds(&open, 600, 60.0), Some(600));
+    assert_eq!(eta_seconds(&open, 5, 0.0), None, "nobody goes in: nothing to promise");
+    assert_eq!(eta_seconds(&Settings { state: QueueState::Paused, ..open.clone() }, 5, 600.0), None);
     assert_eq!(poll_after_ms(&open, Some(1), 1.0), 1000);
     assert_eq!(poll_after_ms(&open, Some(3600), 1.0), 10_000);
     assert_eq!(poll_after_ms(&open, Some(3600), 5.0), 12_000, "jitter is clamped to +20%");
@@ -210,4 +213,29 @@ fn a_room_without_access_reads_as_public_and_a_damaged_one_is_refused() {
     assert_eq!(Settings::from_hash(&hash).map(|s| s.access), Some(Access::Public));
     hash.insert("access".into(), "everyone".into());
     assert_eq!(Settings::from_hash(&hash), None);
+}
+
+#[test]
+fn a_full_room_promises_the_slots_that_free_not_the_rate() {
+    let mut live = live(QueueState::Open, 100, 10);
+    live.settings.admit_per_minute = 600;
+    live.settings.max_active = 50;
+    live.settings.session_seconds = 100;
+    live.counts.active = 20;
+    assert_eq!(live.eta_seconds(30), Some(3), "room inside: the rate");
+    // Full: 30 admitted at 0 s and 20 at 10 s (sessions end at 100 s and 110 s); nothing lately.
+    live.counts.active = 50;
+    let h = history(&["0:30:1000000:30", "30:50:1010000:20"], &[]);
+    live.outflow = h.outflow(1_040_000, 100_000);
+    live.redis_ms = 1_040_000;
+    live.read_at = Instant::now();
+    assert_eq!(live.outflow.recent_per_minute, 0.0);
+    assert_eq!(live.outflow.sessions_end, vec![(1_100_000, 30), (1_110_000, 50)]);
+    assert_eq!(live.eta_seconds(30), Some(60), "the 30th slot frees when the first sessions end");
+    assert_eq!(live.eta_seconds(31), Some(70));
+    assert_eq!(live.eta_seconds(51), None, "beyond every session inside, and nothing freed lately");
+    // Slots freed lately (paid orders, leavers): 10 in the last 15 s, 40 a minute.
+    live.outflow.recent_per_minute = 40.0;
+    assert_eq!(live.eta_seconds(30), Some(45), "sooner than the sessions, at the pace slots free");
+    assert_eq!(live.eta_seconds(51), Some(77));
 }
