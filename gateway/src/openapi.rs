@@ -57,6 +57,7 @@ fn join() {}
     security(("ticket" = [])),
     responses(
         (status = 200, body = Left, description = "`state`: `left`; the ticket's cookie is cleared"),
+        (status = 400, body = ErrorBody, description = "invalid_path"),
         (status = 401, body = ErrorBody, description = "proof_required"),
         (status = 403, body = ErrorBody, description = "ticket_wrong_event"),
         (status = 404, body = ErrorBody), (status = 405, body = ErrorBody), (status = 429, body = ErrorBody),
