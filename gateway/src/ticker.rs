@@ -308,6 +308,7 @@ pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<()
     let previous = rooms.get(event);
     let history = previous.as_ref().map_or_else(|| Arc::new(RwLock::new(History::default())), |r| r.history.clone());
     let left = previous.as_ref().map_or_else(|| Arc::new(RwLock::new(Left::default())), |r| r.left.clone());
+    let etas = previous.as_ref().map_or_else(Default::default, |r| r.etas.clone());
     let (last_to, last_skipped) = history.read().map(|h| (h.last_to(), h.last_skipped())).unwrap_or_default();
     let left_since = left.read().map(|l| l.last_ms).unwrap_or_default();
     let snap = store.snapshot(event, last_to, last_skipped, left_since).await?;
@@ -337,7 +338,8 @@ pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<()
         redis_ms: snap.redis_ms,
         read_at: Instant::now(),
     };
-    crate::metrics::record_room(event, &live);
-    rooms.put(event, Room { live, history, left });
+    let eta_error = etas.lock().ok().and_then(|log| log.summary());
+    crate::metrics::record_room(event, &live, eta_error.as_ref());
+    rooms.put(event, Room { live, history, left, etas });
     Ok(())
 }

@@ -131,6 +131,10 @@ pub struct TicketClaims {
     /// this number in their own line (its `place` is 0 until the line reaches it); 0: not in that line.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub later: u64,
+    /// The wait the room promised at the join, in seconds (none when admitted at once, or nothing was promised):
+    /// kept against the wait the fan has, to measure the room's ETAs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<u64>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -150,6 +154,7 @@ impl TicketClaims {
             exp: now + ttl_seconds,
             held: false,
             later: 0,
+            eta: None,
         }
     }
 }

@@ -227,6 +227,9 @@ pub struct LiveView {
     /// Slots freed before their session ended: fans whose orders were paid, and fans who left.
     pub freed_total: u64,
     pub median_wait_seconds: Option<f64>,
+    /// How far the waits this node promised at joins were from the waits the fans had (its last 1,000
+    /// admitted fans that were promised one).
+    pub eta_error: Option<crate::room::EtaError>,
     pub places_given: u64,
     pub head: u64,
     /// How old this node's view is.
@@ -272,6 +275,7 @@ async fn get_room(
             abandoned_total: live.counts.abandoned_total,
             freed_total: live.counts.freed_total,
             median_wait_seconds: live.median_wait_ms.map(|ms| ms as f64 / 1000.0),
+            eta_error: room.etas.lock().ok().and_then(|log| log.summary()),
             places_given: live.counts.seq,
             head: live.counts.head,
             view_age_ms: live.read_at.elapsed().as_millis() as u64,

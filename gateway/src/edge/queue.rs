@@ -102,11 +102,13 @@ impl QueueAnswer {
 struct Placed {
     body: QueueAnswer,
     cookies: Vec<String>,
+    /// When admitted: when (Redis's clock, ms).
+    admitted_at_ms: Option<u64>,
 }
 
 impl From<QueueAnswer> for Placed {
     fn from(body: QueueAnswer) -> Self {
-        Self { body, cookies: Vec::new() }
+        Self { body, cookies: Vec::new(), admitted_at_ms: None }
     }
 }
 
@@ -371,9 +373,23 @@ impl Queue {
             }
             Joined::Place { place, head, fresh } => {
                 self.rooms.gave(event, place);
-                let ticket = self.ticket(&account, event, place);
                 let answer = self.placed_body(store, event, &account, place, head, fresh).await;
-                answer.map_or_else(|refusal| refusal, |a| self.with_ticket(a, event, &ticket).into())
+                answer.map_or_else(
+                    |refusal| refusal,
+                    |a| {
+                        // The wait promised now travels with the ticket, to be set against the wait the fan has.
+                        let mut claims = TicketClaims::new(
+                            account.clone(),
+                            event,
+                            place,
+                            unix_now(),
+                            self.options.ticket_ttl_seconds,
+                        );
+                        claims.eta = a.body.eta_seconds.filter(|_| a.body.state == "waiting");
+                        let ticket = self.admission.sign(&claims);
+                        self.with_ticket(a, event, &ticket).into()
+                    },
+                )
             }
         }
     }
@@ -612,7 +628,7 @@ impl Queue {
             next: Some(format!("/events/{event}/buy")),
             ..QueueAnswer::new(event, "admitted")
         };
-        Placed { body, cookies: vec![cookie] }
+        Placed { body, cookies: vec![cookie], admitted_at_ms: Some(at_ms) }
     }
 
     fn standing_reply(
@@ -783,7 +799,14 @@ impl Queue {
                 Err(_) => Reply::unavailable(),
             };
         }
-        self.standing_reply(event, &ticket.sub, &room, ticket.place, now_ms).map_or_else(|refusal| refusal, Reply::from)
+        let answer = self.standing_reply(event, &ticket.sub, &room, ticket.place, now_ms);
+        if let (Ok(admitted), Some(promised)) = (&answer, ticket.eta)
+            && let Some(at) = admitted.admitted_at_ms
+            && let Ok(mut log) = room.etas.lock()
+        {
+            log.admitted(ticket.sub.as_str(), promised, at.saturating_sub(ticket.iat * 1000) as f64 / 1000.0);
+        }
+        answer.map_or_else(|refusal| refusal, Reply::from)
     }
 }
 

@@ -603,12 +603,72 @@ impl Left {
     }
 }
 
+/// How right the ETAs this node promised at joins were: for each fan it saw admitted (once), the promised wait
+/// against the wait it had. The last [`EtaLog::KEPT`] are kept.
+#[derive(Debug, Default)]
+pub struct EtaLog {
+    counted: HashSet<String>,
+    /// (absolute error in seconds, error relative to the wait), newest last.
+    errors: std::collections::VecDeque<(f64, f64)>,
+}
+
+/// p50 and p90 of an [`EtaLog`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct EtaError {
+    /// Admitted fans counted.
+    pub fans: usize,
+    pub abs_p50_seconds: f64,
+    pub abs_p90_seconds: f64,
+    /// Relative to the wait the fan had (fans who waited a second or more).
+    pub rel_p50: f64,
+    pub rel_p90: f64,
+}
+
+impl EtaLog {
+    pub const KEPT: usize = 1000;
+
+    /// Counts `account`'s admission after `waited_seconds`, promised `promised_seconds` at its join; once per
+    /// account.
+    pub fn admitted(&mut self, account: &str, promised_seconds: u64, waited_seconds: f64) {
+        if self.counted.len() >= 100 * Self::KEPT {
+            self.counted.clear();
+        }
+        if !self.counted.insert(account.to_owned()) {
+            return;
+        }
+        let error = (waited_seconds - promised_seconds as f64).abs();
+        let relative = if waited_seconds >= 1.0 { error / waited_seconds } else { f64::NAN };
+        self.errors.push_back((error, relative));
+        if self.errors.len() > Self::KEPT {
+            self.errors.pop_front();
+        }
+    }
+
+    /// The error's p50 and p90 (nearest rank); `None` before any fan was counted.
+    pub fn summary(&self) -> Option<EtaError> {
+        let nearest = |mut v: Vec<f64>, q: f64| {
+            v.sort_by(f64::total_cmp);
+            v.get(((v.len() as f64 * q).ceil() as usize).clamp(1, v.len().max(1)) - 1).copied().unwrap_or(0.0)
+        };
+        let abs: Vec<f64> = self.errors.iter().map(|e| e.0).collect();
+        let rel: Vec<f64> = self.errors.iter().map(|e| e.1).filter(|r| !r.is_nan()).collect();
+        (!abs.is_empty()).then(|| EtaError {
+            fans: abs.len(),
+            abs_p50_seconds: nearest(abs.clone(), 0.5),
+            abs_p90_seconds: nearest(abs, 0.9),
+            rel_p50: nearest(rel.clone(), 0.5),
+            rel_p90: nearest(rel, 0.9),
+        })
+    }
+}
+
 /// An event's room on this node.
 #[derive(Debug)]
 pub struct Room {
     pub live: Live,
     pub history: Arc<RwLock<History>>,
     pub left: Arc<RwLock<Left>>,
+    pub etas: Arc<Mutex<EtaLog>>,
 }
 
 impl Room {

@@ -136,7 +136,15 @@ mod properties {
 fn a_room_is_quiet_only_with_nothing_for_a_step_to_do() {
     let rooms = Rooms::default();
     let put = |state, seq, head| {
-        rooms.put(1, Room { live: live(state, seq, head), history: Default::default(), left: Default::default() })
+        rooms.put(
+            1,
+            Room {
+                live: live(state, seq, head),
+                history: Default::default(),
+                left: Default::default(),
+                etas: Default::default(),
+            },
+        )
     };
     assert!(!rooms.quiet(1), "a room never read is stepped");
     put(QueueState::Open, 10, 10);
@@ -238,4 +246,18 @@ fn a_full_room_promises_the_slots_that_free_not_the_rate() {
     live.outflow.recent_per_minute = 40.0;
     assert_eq!(live.eta_seconds(30), Some(45), "sooner than the sessions, at the pace slots free");
     assert_eq!(live.eta_seconds(51), Some(77));
+}
+
+#[test]
+fn the_eta_log_counts_each_admitted_fan_once_and_reports_its_error() {
+    let mut log = EtaLog::default();
+    assert_eq!(log.summary(), None);
+    log.admitted("a", 10, 5.0);
+    log.admitted("b", 10, 10.0);
+    log.admitted("c", 10, 20.0);
+    log.admitted("c", 10, 99.0);
+    log.admitted("d", 10, 30.0);
+    let e = log.summary().expect("four fans");
+    assert_eq!((e.fans, e.abs_p50_seconds, e.abs_p90_seconds), (4, 5.0, 20.0));
+    assert_eq!((e.rel_p50, e.rel_p90), (0.5, 1.0));
 }

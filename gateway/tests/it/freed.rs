@@ -123,3 +123,37 @@ async fn a_paid_order_in_bookings_event_stream_frees_its_fans_slot_and_only_that
     wait_freed(&a, event, 1).await;
     upstream.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_admitted_fans_promised_wait_is_set_against_the_wait_it_had() {
+    let upstream = Upstream::start().await;
+    let node = GatewayProcess::start(Node::new(upstream.addr, &prefix())).await;
+    let event = 343;
+    node.configure(event, json!({"state": "open", "admit_per_minute": 120, "abandon_after_seconds": 600})).await;
+    node.wait_for_room(event).await;
+    let first = node.join(event, "eta-0").await;
+    assert_eq!(first.body["state"], "admitted", "{}", first.text);
+    let mut tickets = Vec::new();
+    for fan in ["eta-1", "eta-2", "eta-3"] {
+        let joined = node.join(event, fan).await;
+        if joined.body["state"] == "waiting" {
+            assert!(joined.body["eta_seconds"].as_u64().is_some(), "a waiting fan is promised a wait: {}", joined.text);
+            tickets.push(joined.ticket());
+        }
+    }
+    assert!(!tickets.is_empty(), "at 2 a second, someone waits");
+    for ticket in &tickets {
+        node.poll_until(event, ticket, "admitted", |r| r.body["state"] == "admitted").await;
+        // Polled again once admitted: counted once.
+        assert_eq!(node.status(event, ticket).await.body["state"], "admitted");
+    }
+    let counted = testkit::eventually(Duration::from_secs(5), async || {
+        node.room(event).await.body["live"]["eta_error"]["fans"] == tickets.len()
+    })
+    .await;
+    let view = node.room(event).await;
+    assert!(counted, "{} fans promised a wait, counted: {}", tickets.len(), view.body["live"]["eta_error"]);
+    let p90 = view.body["live"]["eta_error"]["abs_p90_seconds"].as_f64().expect("a figure");
+    assert!((0.0..60.0).contains(&p90), "{p90}");
+    upstream.stop().await;
+}
