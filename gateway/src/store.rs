@@ -83,6 +83,11 @@ pub struct LogEntry {
     pub at_ms: u64,
 }
 
+/// A field of a stream entry (`[field, value, field, value, ...]`).
+fn stream_field<'a>(fields: &'a [String], name: &str) -> Option<&'a String> {
+    fields.chunks(2).find(|f| f[0] == name).and_then(|f| f.get(1))
+}
+
 /// Raw log entries as XRANGE gives them: `[[id, [field, value, ...]], ...]`.
 type RawEntries = Vec<(String, Vec<String>)>;
 
@@ -92,7 +97,7 @@ fn log_entries(raw: RawEntries) -> Result<Vec<LogEntry>, StoreError> {
     raw.into_iter()
         .map(|(id, fields)| {
             let version = id.strip_suffix("-0").and_then(|v| v.parse().ok());
-            let field = |name: &str| fields.chunks(2).find(|f| f[0] == name).and_then(|f| f.get(1)).cloned();
+            let field = |name: &str| stream_field(&fields, name).cloned();
             let at_ms = field("t").and_then(|t| t.parse().ok()).unwrap_or(0);
             match (version, field("c")) {
                 (Some(version), Some(changes)) => Ok(LogEntry { version, changes, at_ms }),
@@ -674,7 +679,7 @@ impl QueueStore {
         let paid = entries
             .into_iter()
             .filter_map(|(_, fields)| {
-                let field = |name: &str| fields.chunks(2).find(|f| f[0] == name).and_then(|f| f.get(1));
+                let field = |name: &str| stream_field(&fields, name);
                 if field("kind").map(String::as_str) != Some("order.paid") {
                     return None;
                 }

@@ -130,6 +130,11 @@ fn event_id(raw: &str) -> Result<i64, Refused> {
     }
 }
 
+/// A request's JSON body, or 422 with `code` and what was wrong with it.
+fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes, code: &'static str) -> Result<T, Refused> {
+    serde_json::from_slice(body).map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, code, &e.to_string()))
+}
+
 /// 404 `queue_not_found` unless `event` has a room in Redis (one made a moment ago counts).
 async fn room_exists(store: &crate::store::QueueStore, event: i64) -> Result<(), Refused> {
     match store.settings(event).await {
@@ -292,8 +297,7 @@ async fn put_room(
     body: Bytes,
 ) -> Result<Response, Refused> {
     let event = guard(&state, &headers, &raw)?;
-    let patch: SettingsPatch = serde_json::from_slice(&body)
-        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_settings", &e.to_string()))?;
+    let patch: SettingsPatch = json_body(&body, "invalid_settings")?;
     patch.validate().map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, e.code(), &e.to_string()))?;
     let store = state.store.get().map_err(|_| unavailable())?;
     let seed = crate::room::shuffle::seed_from(rand::random());
@@ -348,8 +352,7 @@ async fn post_pass(
     body: Bytes,
 ) -> Result<Response, Refused> {
     let event = guard(&state, &headers, &raw)?;
-    let ask: PassAsk = serde_json::from_slice(&body)
-        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", &e.to_string()))?;
+    let ask: PassAsk = json_body(&body, "invalid_request")?;
     let account = tokens::AccountId::parse(&ask.account).map_err(|_| {
         error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "account: 1 to 64 of A-Z a-z 0-9 . _ - @")
     })?;
@@ -384,8 +387,7 @@ async fn post_codes(
     body: Bytes,
 ) -> Result<Response, Refused> {
     let event = guard(&state, &headers, &raw)?;
-    let ask: BatchAsk = serde_json::from_slice(&body)
-        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", &e.to_string()))?;
+    let ask: BatchAsk = json_body(&body, "invalid_request")?;
     let (batch, codes) = ask
         .make(tokens::unix_now())
         .map_err(|e: BatchError| error(StatusCode::UNPROCESSABLE_ENTITY, e.code(), &e.to_string()))?;
@@ -431,8 +433,7 @@ async fn post_signin_code(
     struct Ask {
         account_token: String,
     }
-    let ask: Ask = serde_json::from_slice(&body)
-        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", &e.to_string()))?;
+    let ask: Ask = json_body(&body, "invalid_request")?;
     if ask.account_token.is_empty() || ask.account_token.len() > tokens::MAX_TOKEN_BYTES {
         return Err(error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "account_token is not a token"));
     }

@@ -39,8 +39,9 @@ pub struct QueueAnswer {
     pub prequeue: bool,
     /// 1 is next; null in the pre-queue, or when admitted, closed or sold out.
     pub position: Option<u64>,
-    /// Seconds until admission at the room's outflow: its rate while it has room, what the last minute admitted
-    /// while it is full (until the opening in the pre-queue); null when nothing can be promised.
+    /// Seconds until admission: at the room's rate while it has room; while it is full, when slots free (the
+    /// oldest sessions' ends, or the pace of recent frees); until the opening in the pre-queue. Null when
+    /// nothing can be promised.
     pub eta_seconds: Option<u64>,
     /// When to poll again (server pacing, with jitter).
     pub poll_after_ms: u64,
@@ -195,14 +196,13 @@ impl Queue {
         format!("{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}")
     }
 
+    /// The claims of a new ticket for `account`'s `place` (0: none yet) in `event`'s queue.
+    fn claims(&self, account: &AccountId, event: i64, place: u64) -> TicketClaims {
+        TicketClaims::new(account.clone(), event, place, unix_now(), self.options.ticket_ttl_seconds)
+    }
+
     fn ticket(&self, account: &AccountId, event: i64, place: u64) -> String {
-        self.admission.sign(&TicketClaims::new(
-            account.clone(),
-            event,
-            place,
-            unix_now(),
-            self.options.ticket_ttl_seconds,
-        ))
+        self.admission.sign(&self.claims(account, event, place))
     }
 
     /// `GET /queue/{event}/signin?code=`: the demo sign-in. The code (made by the admin listener for one
@@ -265,8 +265,7 @@ impl Queue {
             Some(Some(code)) => {
                 if let Err(wait) = self.limits.check_account(&account) {
                     crate::metrics::record_rate_limited("account");
-                    return Reply::error(429, "rate_limited", "too many requests; slow down")
-                        .header("retry-after", crate::limits::retry_after_seconds(wait).to_string());
+                    return super::too_many(wait);
                 }
                 code
             }
@@ -362,8 +361,7 @@ impl Queue {
                 self.code_refusal(store, event, &code, refusal).await
             }
             Joined::Later { number, position } => {
-                let mut claims =
-                    TicketClaims::new(account.clone(), event, 0, unix_now(), self.options.ticket_ttl_seconds);
+                let mut claims = self.claims(&account, event, 0);
                 claims.later = number;
                 let ticket = self.admission.sign(&claims);
                 let settings = settings.unwrap_or(room::Settings::DEFAULT);
@@ -378,13 +376,7 @@ impl Queue {
                     |refusal| refusal,
                     |a| {
                         // The wait promised now travels with the ticket, to be set against the wait the fan has.
-                        let mut claims = TicketClaims::new(
-                            account.clone(),
-                            event,
-                            place,
-                            unix_now(),
-                            self.options.ticket_ttl_seconds,
-                        );
+                        let mut claims = self.claims(&account, event, place);
                         claims.eta = a.body.eta_seconds.filter(|_| a.body.state == "waiting");
                         let ticket = self.admission.sign(&claims);
                         self.with_ticket(a, event, &ticket).into()
@@ -522,8 +514,7 @@ impl Queue {
         // At the back of the line as this node knows it (its view, and the places it gave since).
         let head = self.rooms.get(event).map_or(0, |room| room.live.counts.head);
         let position = self.rooms.floor(event).saturating_sub(head) + 1;
-        let mut claims =
-            TicketClaims::new(account.clone(), event, position, unix_now(), self.options.ticket_ttl_seconds);
+        let mut claims = self.claims(account, event, position);
         claims.held = true;
         let ticket = self.admission.sign(&claims);
         self.with_ticket(self.waiting(event, settings, position), event, &ticket).into()
