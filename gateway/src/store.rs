@@ -971,12 +971,19 @@ impl QueueStore {
         Ok(())
     }
 
-    /// Records whether every seat left is held (`all_held` in the room's settings): the admission step admits
-    /// nobody while it is, and every node reads it with the room.
-    pub async fn set_all_held(&self, event: i64, all_held: bool) -> Result<(), StoreError> {
+    /// Records whether every seat left is held or awaiting payment, and what may come back when (`all_held`
+    /// and `held_*` in the room's settings): the admission step admits nobody while it is, and every node
+    /// reads it with the room.
+    pub async fn set_all_held(&self, event: i64, held: Option<crate::room::HeldBack>) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
         let key = self.keys(event).key("settings");
-        let () = self.run(conn.hset(key, "all_held", u8::from(all_held))).await?;
+        let fields = match held {
+            Some(h) => {
+                vec![("all_held", 1), ("held_seats", h.seats), ("held_next_release", h.next_release_ms.unwrap_or(0))]
+            }
+            None => vec![("all_held", 0)],
+        };
+        let () = self.run(conn.hset_multiple(key, &fields)).await?;
         Ok(())
     }
 

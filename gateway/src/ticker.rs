@@ -20,7 +20,7 @@ use pingora::services::background::BackgroundService;
 use tokens::{AccountId, AdmissionClaims, Keyring};
 
 use crate::limits::{Limits, NODE_ALIVE};
-use crate::room::{ChallengeMode, History, Left, Live, Outflow, QueueState, Room, Rooms};
+use crate::room::{ChallengeMode, HeldBack, History, Left, Live, Outflow, QueueState, Room, Rooms};
 use crate::store::{Freed, FreedBy, LazyStore, QueueStore, Stepped, StoreError};
 use crate::upstreams::Upstreams;
 
@@ -125,6 +125,32 @@ struct BookingAvailability {
     /// Seats neither sold nor held (absent from a booking that does not count them: never all held).
     #[serde(default)]
     seats_available: Option<u64>,
+    /// Sold seats whose order is still inside its payment window.
+    #[serde(default)]
+    seats_awaiting_payment: u64,
+    /// Seats held without an order.
+    #[serde(default)]
+    seats_held: u64,
+    /// When the earliest hold or payment window ends (RFC 3339).
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    next_release_at: Option<time::OffsetDateTime>,
+}
+
+impl BookingAvailability {
+    /// Sold out for the waiting room: every seat paid. Seats awaiting payment may still come back.
+    fn sold_out(&self) -> bool {
+        self.sold_out && self.seats_awaiting_payment == 0
+    }
+
+    /// What may come back, while nothing is free and the event is not sold out.
+    fn held_back(&self) -> Option<HeldBack> {
+        (!self.sold_out() && self.seats_available == Some(0)).then(|| HeldBack {
+            seats: self.seats_held + self.seats_awaiting_payment,
+            next_release_ms: self
+                .next_release_at
+                .and_then(|t| u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()),
+        })
+    }
 }
 
 impl Ticker {
@@ -177,14 +203,14 @@ impl Ticker {
             Some((status, _)) => return tracing::debug!(event, status, "booking's availability refused"),
             None => return,
         };
-        let all_held = !answer.sold_out && answer.seats_available == Some(0);
-        if all_held != room.live.settings.all_held {
-            match store.set_all_held(event, all_held).await {
-                Ok(()) => tracing::info!(event, all_held, "booking reported what is left to hold"),
+        let held = answer.held_back();
+        if held != room.live.settings.all_held {
+            match store.set_all_held(event, held).await {
+                Ok(()) => tracing::info!(event, ?held, "booking reported what is left to hold"),
                 Err(e) => tracing::warn!(event, error = %e, "could not record that every seat left is held"),
             }
         }
-        let target = match (answer.sold_out, state) {
+        let target = match (answer.sold_out(), state) {
             (true, QueueState::Open | QueueState::Paused) => QueueState::SoldOut,
             (false, QueueState::SoldOut) => QueueState::Open,
             _ => return,

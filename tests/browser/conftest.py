@@ -15,6 +15,7 @@ SALE = int(os.environ.get("SALE_EVENT", "0"))
 QUEUE = int(os.environ.get("QUEUE_EVENT", "0"))
 GATED = int(os.environ.get("GATED_EVENT", "0"))
 PRESALE = int(os.environ.get("PRESALE_EVENT", "0"))
+HELD = int(os.environ.get("HELD_EVENT", "0"))
 SHOTS = os.environ.get("SHOTS", "target/browser")
 STACK = os.environ.get("STACK", "deploy/stack")
 

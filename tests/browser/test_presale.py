@@ -47,7 +47,7 @@ def test_a_presale_code_typed_into_the_page_admits_its_fan_ahead_of_the_public(f
     # The real one, typed in lower case: the fan is now ahead of the one who came first.
     fan.page.fill("#code-input", code.lower())
     fan.page.click("#code-form button")
-    fan.page.wait_for_selector("#code-form[hidden]", timeout=10_000)
+    fan.page.wait_for_selector("#code-form", state="hidden", timeout=10_000)
     deadline = time.monotonic() + 10
     while fan.page.inner_text("#position") != "1":
         assert time.monotonic() < deadline, fan.page.inner_text("#position")

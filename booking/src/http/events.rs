@@ -87,7 +87,16 @@ pub struct Availability {
     /// On sale, and neither sold nor held right now: what a fan could hold. When it is 0 but seats remain, they
     /// are all held: the waiting room stops admitting until some come back.
     pub seats_available: usize,
-    /// Every seat on sale is sold: the waiting room stops admitting and tells waiting fans.
+    /// Of the sold seats, those in an order still inside its payment window: they come back if it ends unpaid.
+    pub seats_awaiting_payment: usize,
+    /// Seats held right now without an order: they come back if the hold runs out or is released.
+    pub seats_held: usize,
+    /// When the earliest hold or payment window ends (RFC 3339): the first moment a held or unpaid seat may
+    /// come back. Absent when none can.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_release_at: Option<String>,
+    /// Every seat on sale is sold (paid or awaiting payment). The waiting room tells waiting fans the event is
+    /// sold out once none is awaiting payment either; until then, that every seat left is held.
     pub sold_out: bool,
 }
 
@@ -150,18 +159,34 @@ pub async fn get_availability(
     proof.account_for(event)?;
     let cat = catalogue(&state, event_id).await?;
     let on_sale = cat.seats().len();
-    let (sold, taken) = tokio::join!(orders::sold_count(&state.pool, event), state.holds.taken_count(event));
-    let sold = usize::try_from(sold?).unwrap_or(0).min(on_sale);
+    let (sold, taken, lapse) = tokio::join!(
+        orders::sold_counts(&state.pool, event),
+        state.holds.taken_count(event),
+        state.holds.next_lapse_ms(event)
+    );
+    let (paid, awaiting) = sold?;
+    let count = |n: i64| usize::try_from(n).unwrap_or(0);
+    let sold = (count(paid) + count(awaiting)).min(on_sale);
     // Sold seats are taken in Redis too, unless Redis lost them: then Postgres's count is the floor.
     let taken = usize::try_from(taken?).unwrap_or(usize::MAX).max(sold).min(on_sale);
+    let awaiting = count(awaiting).min(sold);
     Ok(Json(Availability {
         event_id,
         seats_on_sale: on_sale,
         seats_sold: sold,
         seats_remaining: on_sale - sold,
         seats_available: on_sale - taken,
+        seats_awaiting_payment: awaiting,
+        seats_held: taken - sold,
+        next_release_at: lapse?.filter(|_| taken > sold || awaiting > 0).and_then(rfc3339_ms),
         sold_out: on_sale > 0 && sold == on_sale,
     }))
+}
+
+/// A Unix-millisecond instant in RFC 3339 (to the millisecond).
+fn rfc3339_ms(ms: u64) -> Option<String> {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()?;
+    Some(orders::rfc3339(t))
 }
 
 /// Every seat on sale with its status. Sold comes from Postgres (the truth), held from Redis. Gzipped for a

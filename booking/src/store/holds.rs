@@ -653,6 +653,25 @@ impl Holds {
         self.run(redis::cmd("SCARD").arg(self.keys.taken(event)).query_async(&mut conn)).await
     }
 
+    /// When the earliest hold or unpaid order of the event runs out (Unix ms), by the seat map's lapse index:
+    /// a paid order leaves it, so every entry is a seat that may come back. `None` when nothing can lapse.
+    pub async fn next_lapse_ms(&self, event: EventId) -> Result<Option<u64>, StoreError> {
+        let mut conn = self.conn.clone();
+        let first: Vec<(String, f64)> = self
+            .run(
+                redis::cmd("ZRANGE")
+                    .arg(self.keys.lapses(event))
+                    .arg(0)
+                    .arg(0)
+                    .arg("WITHSCORES")
+                    .query_async(&mut conn),
+            )
+            .await?;
+        // Scores are whole milliseconds, well inside f64's exact range.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Ok(first.first().map(|(_, at)| at.max(0.0) as u64))
+    }
+
     /// The event's map version: how far its change log goes.
     pub async fn map_version(&self, event: EventId) -> Result<MapVersion, StoreError> {
         let mut conn = self.conn.clone();

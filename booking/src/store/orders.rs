@@ -109,12 +109,17 @@ pub async fn sold_seats(pool: &PgPool, event: EventId) -> Result<Vec<SeatId>, St
     Ok(ids.into_iter().map(SeatId).collect())
 }
 
-/// How many seats of the event are sold now (paid, or reserved before the deadline).
-pub async fn sold_count(pool: &PgPool, event: EventId) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar(concat!("SELECT count(*) FROM order_seats WHERE event_id = $1 AND ", live!()))
-        .bind(event.0)
-        .fetch_one(pool)
-        .await?)
+/// The event's sold seats split by whether they are paid: `(paid, awaiting payment)`. A seat awaiting payment
+/// comes back if its order's payment window ends unpaid.
+pub async fn sold_counts(pool: &PgPool, event: EventId) -> Result<(i64, i64), StoreError> {
+    Ok(sqlx::query_as(concat!(
+        "SELECT count(*) FILTER (WHERE expires_at IS NULL), count(*) FILTER (WHERE expires_at IS NOT NULL) ",
+        "FROM order_seats WHERE event_id = $1 AND ",
+        live!()
+    ))
+    .bind(event.0)
+    .fetch_one(pool)
+    .await?)
 }
 
 /// A round trip to Postgres, for readiness.

@@ -663,3 +663,52 @@ async fn a_provider_that_settles_by_itself_pays_the_order_with_nobody_pressing_p
     server.abort();
     app.stop().await;
 }
+
+/// Availability tells apart the seats that may come back: held ones (until the hold's end) and ones awaiting
+/// payment (until the payment window's end); a paid seat is neither.
+#[sqlx::test(migrations = "../migrations")]
+async fn availability_says_which_seats_may_come_back_and_when(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let seats = app.seats_on_sale().await;
+    let availability = || async {
+        let url = app.url(&format!("/events/{}/availability", app.event));
+        let res = app.send(app.client.get(url).bearer_auth(app.proof("fan-z"))).await;
+        assert_eq!(res.status, 200, "{}", res.body);
+        res.body
+    };
+    let at = |v: &serde_json::Value| {
+        let raw = v.as_str().unwrap_or_else(|| panic!("an instant: {v}"));
+        time::OffsetDateTime::parse(raw, &time::format_description::well_known::Rfc3339).expect("RFC 3339")
+    };
+    let none = availability().await;
+    assert_eq!((none["seats_held"].as_u64(), none["seats_awaiting_payment"].as_u64()), (Some(0), Some(0)));
+    assert!(none.get("next_release_at").is_none(), "nothing can come back: {none}");
+
+    let hold = app.hold("fan-a", &seats[..2]).await;
+    assert_eq!(hold.status, 201, "{}", hold.body);
+    let held = availability().await;
+    assert_eq!((held["seats_held"].as_u64(), held["seats_awaiting_payment"].as_u64()), (Some(2), Some(0)));
+    let gap = at(&held["next_release_at"]) - at(&hold.body["expires_at"]);
+    assert!(gap.abs() <= time::Duration::seconds(1), "the hold's end: {held} against {}", hold.body);
+
+    let (order, _) = app.reserve("fan-b", &seats[2..5]).await;
+    let reserved = availability().await;
+    assert_eq!((reserved["seats_held"].as_u64(), reserved["seats_awaiting_payment"].as_u64()), (Some(2), Some(3)));
+    assert_eq!(reserved["seats_sold"], 3, "{reserved}");
+    // The hold was made first and ends first (a hold is shorter than a payment window).
+    assert_eq!(reserved["next_release_at"], held["next_release_at"], "{reserved}");
+
+    let released = app.release("fan-a", &hold.str("hold_token")).await;
+    assert!(released.status < 300, "{}", released.body);
+    let unpaid = availability().await;
+    let due = app.order("fan-b", &order).await;
+    let gap = at(&unpaid["next_release_at"]) - at(&due.body["payment_due_at"]);
+    assert!(gap.abs() <= time::Duration::seconds(1), "the payment window's end: {unpaid} against {}", due.body);
+
+    assert_eq!(app.pay(&order, "payment.succeeded").await.body["outcome"], "paid");
+    let paid = availability().await;
+    assert_eq!((paid["seats_held"].as_u64(), paid["seats_awaiting_payment"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(paid["seats_sold"], 3, "{paid}");
+    assert!(paid.get("next_release_at").is_none(), "a paid seat does not come back: {paid}");
+    app.stop().await;
+}

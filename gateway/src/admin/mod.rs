@@ -166,9 +166,15 @@ pub struct RoomView {
     pub opens_at: Option<u64>,
     /// Bumped on every change.
     pub version: u64,
-    /// Every seat left is held (the gateway sets it from booking's availability): nobody is admitted until
-    /// some come back.
+    /// Every seat left is held or awaiting payment (the gateway sets it from booking's availability): nobody
+    /// is admitted until some come back.
     pub all_held: bool,
+    /// While all held: how many seats may come back (held, or in orders awaiting payment).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seats_may_return: Option<u64>,
+    /// While all held: when the earliest hold or payment window ends (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_release_at: Option<String>,
     /// `on`: a new place costs a solved proof-of-work challenge.
     pub challenge: ChallengeMode,
     /// The most hashes a challenge takes (half on average): with `auto`, the difficulty in force now.
@@ -201,7 +207,12 @@ impl RoomView {
             abandon_after_seconds: s.abandon_after_seconds,
             opens_at: s.opens_at_ms.map(|ms| ms / 1000),
             version: s.version,
-            all_held: s.all_held,
+            all_held: s.all_held.is_some(),
+            seats_may_return: s.all_held.map(|h| h.seats),
+            next_release_at: s
+                .all_held
+                .and_then(|h| h.next_release_ms)
+                .map(|ms| crate::edge::queue::rfc3339(ms / 1000)),
             challenge: s.challenge,
             challenge_difficulty: s.challenge_difficulty,
             challenge_min_difficulty: s.challenge_min_difficulty,

@@ -71,6 +71,13 @@ pub struct QueueAnswer {
     /// run out, checkouts that fail), so there is no ETA meanwhile. Present (true) only then.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub all_held: bool,
+    /// While all held: how many seats may come back (held, or in orders awaiting payment).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seats_may_return: Option<u64>,
+    /// While all held: when the earliest hold or payment window among them ends (RFC 3339), the first moment
+    /// the queue may move again. In the past: any moment now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_release_at: Option<String>,
     /// Waiting behind the presale code holders (the room admits them first): joining again with a code moves
     /// the fan among them. Present (true) only then.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -94,6 +101,8 @@ impl QueueAnswer {
             expires_at: None,
             next: None,
             all_held: false,
+            seats_may_return: None,
+            next_release_at: None,
             behind_code_holders: false,
         }
     }
@@ -183,7 +192,7 @@ pub fn new_signin_code() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-fn rfc3339(unix_seconds: u64) -> String {
+pub(crate) fn rfc3339(unix_seconds: u64) -> String {
     time::OffsetDateTime::from_unix_timestamp(unix_seconds as i64)
         .ok()
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
@@ -589,10 +598,10 @@ impl Queue {
             QueueState::Open | QueueState::Prequeue => "waiting",
             other => other.as_str(),
         };
-        let all_held = settings.all_held && settings.state == QueueState::Open;
+        let held = settings.all_held.filter(|_| settings.state == QueueState::Open);
         // From this node's view of the room's outflow, or the configured rate for a room it has not read yet.
         let eta = match self.rooms.get(event) {
-            _ if all_held => None,
+            _ if held.is_some() => None,
             Some(room) => room.live.eta_seconds(position),
             None => room::eta_seconds(settings, position, f64::from(settings.admit_per_minute)),
         };
@@ -600,7 +609,9 @@ impl Queue {
             position: Some(position),
             eta_seconds: eta,
             poll_after_ms: room::poll_after_ms(settings, eta, jitter()),
-            all_held,
+            all_held: held.is_some(),
+            seats_may_return: held.map(|h| h.seats),
+            next_release_at: held.and_then(|h| h.next_release_ms).map(|ms| rfc3339(ms / 1000)),
             ..QueueAnswer::new(event, state)
         })
     }

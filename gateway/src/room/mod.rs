@@ -118,6 +118,16 @@ impl Access {
     }
 }
 
+/// Seats that are held or awaiting payment while none is free: they may come back when a hold or a payment
+/// window ends unused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct HeldBack {
+    /// Seats held, or in orders awaiting payment.
+    pub seats: u64,
+    /// When the earliest of those holds or payment windows ends, Unix milliseconds.
+    pub next_release_ms: Option<u64>,
+}
+
 /// Bounds of a challenge's difficulty: the most hashes one can take (a solver needs half of it on average).
 pub const DIFFICULTY_RANGE: (u32, u32) = (1_000, 100_000_000);
 
@@ -137,9 +147,9 @@ pub struct Settings {
     pub opens_at_ms: Option<u64>,
     /// Bumped on every change.
     pub version: u64,
-    /// Every seat left is held (set by the gateway from booking's availability, like `sold_out`): nobody is
-    /// admitted until some come back.
-    pub all_held: bool,
+    /// Every seat left is held or awaiting payment (set by the gateway from booking's availability, like
+    /// `sold_out`): nobody is admitted until some come back. What may come back, and from when.
+    pub all_held: Option<HeldBack>,
     /// Whether a new place costs a solved challenge.
     pub challenge: ChallengeMode,
     /// The most hashes a challenge can take to solve (uniform: half of it on average). With `auto`, the
@@ -171,7 +181,7 @@ impl Settings {
         abandon_after_seconds: 60,
         opens_at_ms: None,
         version: 0,
-        all_held: false,
+        all_held: None,
         challenge: ChallengeMode::Off,
         challenge_difficulty: 40_000,
         challenge_min_difficulty: 40_000,
@@ -183,7 +193,8 @@ impl Settings {
     };
 
     /// The Redis hash's fields, as [`Self::from_hash`] reads them.
-    pub fn fields(&self) -> [(&'static str, String); 16] {
+    pub fn fields(&self) -> [(&'static str, String); 18] {
+        let held = self.all_held.unwrap_or_default();
         [
             ("state", self.state.as_str().to_owned()),
             ("admit_per_minute", self.admit_per_minute.to_string()),
@@ -192,7 +203,9 @@ impl Settings {
             ("abandon_after_seconds", self.abandon_after_seconds.to_string()),
             ("opens_at", self.opens_at_ms.unwrap_or(0).to_string()),
             ("version", self.version.to_string()),
-            ("all_held", u8::from(self.all_held).to_string()),
+            ("all_held", u8::from(self.all_held.is_some()).to_string()),
+            ("held_seats", held.seats.to_string()),
+            ("held_next_release", held.next_release_ms.unwrap_or(0).to_string()),
             ("challenge", self.challenge.as_str().to_owned()),
             ("challenge_difficulty", self.challenge_difficulty.to_string()),
             ("challenge_min_difficulty", self.challenge_min_difficulty.to_string()),
@@ -216,7 +229,10 @@ impl Settings {
             abandon_after_seconds: small("abandon_after_seconds")?,
             opens_at_ms: num("opens_at").filter(|&ms| ms > 0),
             version: num("version").unwrap_or(0),
-            all_held: num("all_held") == Some(1),
+            all_held: (num("all_held") == Some(1)).then(|| HeldBack {
+                seats: num("held_seats").unwrap_or(0),
+                next_release_ms: num("held_next_release").filter(|&ms| ms > 0),
+            }),
             // A room made before the gate existed has none of its fields: it has no challenge.
             challenge: hash.get("challenge").map_or(Some(ChallengeMode::Off), |c| ChallengeMode::parse(c))?,
             challenge_difficulty: small("challenge_difficulty").unwrap_or(Settings::DEFAULT.challenge_difficulty),

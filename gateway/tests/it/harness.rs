@@ -5,7 +5,7 @@ use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -33,17 +33,46 @@ pub async fn cluster_node(addr: &str) -> redisconn::Conn {
     cluster.node(addr).expect("node").connected(redisconn::Options::default()).await.expect("node")
 }
 
+/// What the upstream answers as booking's availability; tests change it as they go.
+#[derive(Default)]
+pub struct Availability {
+    pub sold_out: AtomicBool,
+    /// Seats neither sold nor held.
+    pub seats_available: AtomicUsize,
+    /// Seats held without an order.
+    pub seats_held: AtomicUsize,
+    /// Sold seats whose order awaits payment.
+    pub seats_awaiting_payment: AtomicUsize,
+    /// When the earliest hold or payment window ends, Unix seconds; 0: none.
+    pub next_release: AtomicU64,
+}
+
+impl Availability {
+    fn body(&self) -> String {
+        let next = self.next_release.load(Ordering::SeqCst);
+        let next = (next > 0).then(|| {
+            let at = time::OffsetDateTime::from_unix_timestamp(i64::try_from(next).expect("seconds")).expect("time");
+            at.format(&time::format_description::well_known::Rfc3339).expect("RFC 3339")
+        });
+        serde_json::json!({
+            "sold_out": self.sold_out.load(Ordering::SeqCst),
+            "seats_available": self.seats_available.load(Ordering::SeqCst),
+            "seats_held": self.seats_held.load(Ordering::SeqCst),
+            "seats_awaiting_payment": self.seats_awaiting_payment.load(Ordering::SeqCst),
+            "next_release_at": next,
+        })
+        .to_string()
+    }
+}
+
 /// A real upstream: answers every request with 200 and counts them, except the gateway's own questions:
-/// booking's availability (`GET /events/{id}/availability`), answered from `sold_out` and `seats_available`,
-/// and its health check
-/// (`GET /readyz`).
+/// booking's availability (`GET /events/{id}/availability`), answered from [`Availability`], and its health
+/// check (`GET /readyz`).
 pub struct Upstream {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
     unix_hits: Arc<AtomicUsize>,
-    pub sold_out: Arc<AtomicBool>,
-    /// Seats neither sold nor held, as booking's availability reports them.
-    pub seats_available: Arc<AtomicUsize>,
+    pub availability: Arc<Availability>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -67,20 +96,18 @@ impl Upstream {
     async fn start_with(unix: Option<&std::path::Path>, addr: SocketAddr) -> Self {
         let hits = Arc::new(AtomicUsize::new(0));
         let unix_hits = Arc::new(AtomicUsize::new(0));
-        let sold_out = Arc::new(AtomicBool::new(false));
-        let seats_available = Arc::new(AtomicUsize::new(1000));
-        let app = |counter: Arc<AtomicUsize>, flag: Arc<AtomicBool>, available: Arc<AtomicUsize>| {
+        let availability =
+            Arc::new(Availability { seats_available: AtomicUsize::new(1000), ..Availability::default() });
+        let app = |counter: Arc<AtomicUsize>, availability: Arc<Availability>| {
             Router::new().fallback(any(move |uri: axum::http::Uri| {
                 let counter = counter.clone();
-                let flag = flag.clone();
-                let available = available.clone();
+                let availability = availability.clone();
                 async move {
                     let body = if uri.path() == "/readyz" {
                         // The gateway's health check: answered, not counted.
                         r#"{"status":"ready"}"#.to_owned()
                     } else if uri.path().ends_with("/availability") {
-                        let (sold_out, available) = (flag.load(Ordering::SeqCst), available.load(Ordering::SeqCst));
-                        serde_json::json!({ "sold_out": sold_out, "seats_available": available }).to_string()
+                        availability.body()
                     } else {
                         counter.fetch_add(1, Ordering::SeqCst);
                         r#"{"upstream":true}"#.to_owned()
@@ -93,8 +120,8 @@ impl Upstream {
         let addr = listener.local_addr().expect("addr");
         let unix = unix.map(|path| tokio::net::UnixListener::bind(path).expect("bind the upstream's Unix socket"));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let tcp_app = app(hits.clone(), sold_out.clone(), seats_available.clone());
-        let unix_app = app(unix_hits.clone(), sold_out.clone(), seats_available.clone());
+        let tcp_app = app(hits.clone(), availability.clone());
+        let unix_app = app(unix_hits.clone(), availability.clone());
         let task = tokio::spawn(async move {
             let stop = async {
                 let _ = rx.await;
@@ -112,7 +139,7 @@ impl Upstream {
                 }
             }
         });
-        Self { addr, hits, unix_hits, sold_out, seats_available, shutdown: Some(tx), task: Some(task) }
+        Self { addr, hits, unix_hits, availability, shutdown: Some(tx), task: Some(task) }
     }
 
     pub fn unix_hits(&self) -> usize {

@@ -2,6 +2,7 @@
 //! fans, live changes, and Redis going away.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -21,12 +22,17 @@ async fn two_nodes() -> (Upstream, GatewayProcess, GatewayProcess, String) {
 }
 
 /// Waits (bounded) until `node`'s view of the room satisfies `done`.
-async fn wait_until(node: &GatewayProcess, event: i64, within: Duration, done: impl Fn(&serde_json::Value) -> bool) {
+async fn wait_until(
+    node: &GatewayProcess,
+    event: i64,
+    within: Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let deadline = Instant::now() + within;
     loop {
         let room = node.room(event).await;
         if room.status == 200 && done(&room.body) {
-            return;
+            return room.body;
         }
         assert!(Instant::now() < deadline, "room {event} never got there: {}", room.text);
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -536,7 +542,23 @@ async fn a_sell_out_reported_by_booking_stops_admission_and_tells_waiting_fans()
     let waiting = b.join(event, "fan-waiting").await;
     assert_eq!(waiting.body["state"], "waiting", "{}", waiting.text);
 
-    upstream.sold_out.store(true, std::sync::atomic::Ordering::SeqCst);
+    // Every seat sold, two of them awaiting payment: they may come back, so the room is not sold out yet.
+    let availability = &upstream.availability;
+    availability.seats_available.store(0, SeqCst);
+    availability.seats_awaiting_payment.store(2, SeqCst);
+    availability.sold_out.store(true, SeqCst);
+    for node in [&a, &b] {
+        wait_until(node, event, Duration::from_secs(3), |r| r["all_held"] == true).await;
+    }
+    let unpaid = b.status(event, &waiting.ticket()).await;
+    assert_eq!(
+        (unpaid.body["state"].as_str(), unpaid.body["seats_may_return"].as_u64()),
+        (Some("waiting"), Some(2)),
+        "{}",
+        unpaid.text
+    );
+    // Both paid.
+    availability.seats_awaiting_payment.store(0, SeqCst);
     for node in [&a, &b] {
         wait_until(node, event, Duration::from_secs(3), |r| r["state"] == "sold_out").await;
     }
@@ -548,7 +570,7 @@ async fn a_sell_out_reported_by_booking_stops_admission_and_tells_waiting_fans()
     assert_eq!(still_in.body["state"], "admitted", "an admitted fan keeps its session");
 
     // Seats come back (an order cancelled): the room opens again by itself.
-    upstream.sold_out.store(false, std::sync::atomic::Ordering::SeqCst);
+    availability.sold_out.store(false, SeqCst);
     wait_until(&a, event, Duration::from_secs(3), |r| r["state"] == "open").await;
     upstream.stop().await;
 }
@@ -559,9 +581,23 @@ async fn while_every_seat_left_is_held_nobody_is_admitted_and_waiting_fans_are_t
     let event = 113;
     a.configure(event, json!({"state": "open", "admit_per_minute": 60000, "abandon_after_seconds": 600})).await;
     b.wait_for_room(event).await;
-    upstream.seats_available.store(0, std::sync::atomic::Ordering::SeqCst);
+    // Five seats held and one awaiting payment, the first of them back in two minutes.
+    let availability = &upstream.availability;
+    let release = tokens::unix_now() + 120;
+    availability.seats_held.store(5, SeqCst);
+    availability.seats_awaiting_payment.store(1, SeqCst);
+    availability.next_release.store(release, SeqCst);
+    availability.seats_available.store(0, SeqCst);
+    let release_at = time::OffsetDateTime::from_unix_timestamp(i64::try_from(release).expect("seconds"))
+        .expect("time")
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("RFC 3339");
     for node in [&a, &b] {
-        wait_until(node, event, Duration::from_secs(3), |r| r["all_held"] == true).await;
+        let room = wait_until(node, event, Duration::from_secs(3), |r| r["all_held"] == true).await;
+        assert_eq!(
+            (room["seats_may_return"].as_u64(), room["next_release_at"].as_str()),
+            (Some(6), Some(&*release_at))
+        );
     }
     // Nothing to hold: joiners wait, however fast the rate, and are told why.
     let fans: Vec<String> = (0..6).map(|i| format!("fan-held-{i}")).collect();
@@ -582,11 +618,17 @@ async fn while_every_seat_left_is_held_nobody_is_admitted_and_waiting_fans_are_t
             s.text
         );
         assert!(s.body["eta_seconds"].is_null(), "no ETA while nothing can be held: {}", s.text);
+        assert_eq!(
+            (s.body["seats_may_return"].as_u64(), s.body["next_release_at"].as_str()),
+            (Some(6), Some(&*release_at)),
+            "what may come back, and from when: {}",
+            s.text
+        );
     }
     assert_eq!(a.room(event).await.body["live"]["admitted_total"], 0);
 
     // A hold runs out somewhere: admission resumes by itself, in queue order.
-    upstream.seats_available.store(3, std::sync::atomic::Ordering::SeqCst);
+    availability.seats_available.store(3, SeqCst);
     wait_until(&a, event, Duration::from_secs(5), |r| r["live"]["admitted_total"] == 6).await;
     let s = a.status(event, &joined[0].ticket()).await;
     assert_eq!((s.body["state"].as_str(), s.body.get("all_held")), (Some("admitted"), None), "{}", s.text);
