@@ -209,10 +209,7 @@ impl RoomView {
             version: s.version,
             all_held: s.all_held.is_some(),
             seats_may_return: s.all_held.map(|h| h.seats),
-            next_release_at: s
-                .all_held
-                .and_then(|h| h.next_release_ms)
-                .map(|ms| crate::edge::queue::rfc3339(ms / 1000)),
+            next_release_at: s.all_held.and_then(|h| h.next_release_ms).map(|ms| crate::room::rfc3339(ms / 1000)),
             challenge: s.challenge,
             challenge_difficulty: s.challenge_difficulty,
             challenge_min_difficulty: s.challenge_min_difficulty,

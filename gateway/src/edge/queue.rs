@@ -13,7 +13,7 @@ use super::reply::Reply;
 use crate::gate::Gate;
 use crate::limits::Limits;
 use crate::metrics::record_gate;
-use crate::room::{self, ChallengeMode, Freshness, QueueState, Rooms, Standing};
+use crate::room::{self, ChallengeMode, Freshness, QueueState, Rooms, Standing, rfc3339};
 use crate::store::{CodeRefusal, Freed, FreedBy, Joined, Joining, LazyStore, Passed, QueueStore, Stepped};
 
 /// Cookie carrying the platform's account token for browsers (set by the platform's login, `HttpOnly`; or by
@@ -190,13 +190,6 @@ pub fn is_signin_code(code: &str) -> bool {
 /// A new demo sign-in code.
 pub fn new_signin_code() -> String {
     format!("{:032x}", rand::random::<u128>())
-}
-
-pub(crate) fn rfc3339(unix_seconds: u64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(unix_seconds as i64)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_default()
 }
 
 impl Queue {
