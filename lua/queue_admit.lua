@@ -2,7 +2,7 @@
 -- comes from Redis's clock, not from how often or where the step runs, so there is no leader and no double
 -- admission.
 --
--- Credit accrues at admit_per_minute by the time elapsed since the previous step (of any node), capped at
+-- Credit accrues at the room's rate (admit_per_minute, or the adaptive rate in force) by the time elapsed since the previous step (of any node), capped at
 -- ARGV[2] ms worth (at least one fan); a room that has just opened starts with that full burst. The step then walks the queue from the head in place order: a fan not
 -- seen for abandon_after_seconds is skipped (counted, and its place released) without spending credit; any
 -- other fan is admitted, spending one credit, while fewer than max_active fans were admitted within the last
@@ -10,10 +10,12 @@
 -- (a codes_first room's fans without a code) takes the next place first, or is skipped as abandoned (counted,
 -- no place given).
 --
--- KEYS (the same twenty-three for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-four for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
---                                                   all_held (1: every seat left is held; nobody is admitted)
+--                                                   all_held (1: every seat left is held; nobody is admitted),
+--                                                   rate_mode, rate_in_force, rate_floor, rate_ceiling (adaptive:
+--                                                   the rate is rate_in_force, see queue_adapt.lua)
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
 --   3 head (counter)      <p>queue:{evE}:head      the last place the admission step has passed
 --   4 places (hash)       <p>queue:{evE}:places    account -> place
@@ -39,6 +41,8 @@
 --  22 laterwho (hash)    <p>queue:{evE}:laterwho  number -> account, for that line
 --  23 left (zset)         <p>queue:{evE}:left      account, score = when it left the room (ms): admissions issued
 --                                                   before then are over (kept for a session)
+--  24 health (hash)       <p>queue:{evE}:health    booking's answers per second, as the nodes saw them (see
+--                                                   queue_adapt.lua)
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     most places one step may walk past (bounds the script's run time)
 -- ARGV[2]     burst: the most credit that may accrue, in ms of the admission rate
@@ -50,7 +54,7 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local s = redis.call('HMGET', KEYS[1], 'state', 'admit_per_minute', 'max_active', 'session_seconds',
-  'abandon_after_seconds', 'opens_at', 'all_held')
+  'abandon_after_seconds', 'opens_at', 'all_held', 'rate_mode', 'rate_in_force', 'rate_floor', 'rate_ceiling')
 local state = s[1]
 if state == 'open' and s[7] == '1' then
   redis.call('HSET', KEYS[11], 'last_ms', now, 'credit', -1)
@@ -67,6 +71,12 @@ if state ~= 'open' then
   return {'idle', state or 'unknown'}
 end
 local rate = tonumber(s[2])
+if s[8] == 'adaptive' then
+  -- The rate queue_adapt decided; before its first decision, the operators' rate within the bounds.
+  local ceiling = tonumber(s[11]) or rate
+  local floor = math.min(tonumber(s[10]) or rate, ceiling)
+  rate = math.max(floor, math.min(ceiling, tonumber(s[9]) or rate))
+end
 local max_active = tonumber(s[3])
 local session = tonumber(s[4]) * 1000
 local abandon = tonumber(s[5]) * 1000

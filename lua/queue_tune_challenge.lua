@@ -5,10 +5,11 @@
 -- window is measured on Redis's clock and the decision is recorded, so it is made once per window, not once
 -- per node.
 --
--- KEYS (the same twenty-three for every queue script, built by gateway/src/store.rs `QueueKeys`; this one reads):
+-- KEYS (the same twenty-four for every queue script, built by gateway/src/store.rs `QueueKeys`; this one reads):
 --   1 settings (hash)     <p>queue:{evE}:settings  challenge, challenge_difficulty, challenge_min_difficulty,
 --                                                   challenge_max_difficulty, challenge_window_seconds,
---                                                   admit_per_minute (written: challenge_difficulty, version)
+--                                                   admit_per_minute, rate_mode, rate_in_force (the rate in force)
+--                                                   (written: challenge_difficulty, version)
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out
 --  11 stats (hash)        <p>queue:{evE}:stats     tune_ms, tune_joins: when the last decision was made, and the
 --                                                   joins counted then (written); later_seq, later_promoted
@@ -22,7 +23,7 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local s = redis.call('HMGET', KEYS[1], 'challenge', 'challenge_difficulty', 'challenge_min_difficulty',
-  'challenge_max_difficulty', 'challenge_window_seconds', 'admit_per_minute')
+  'challenge_max_difficulty', 'challenge_window_seconds', 'admit_per_minute', 'rate_mode', 'rate_in_force')
 if s[1] ~= 'auto' then
   return {'manual'}
 end
@@ -31,6 +32,9 @@ local lowest = tonumber(s[3]) or difficulty
 local highest = tonumber(s[4]) or difficulty
 local window = (tonumber(s[5]) or 10) * 1000
 local rate = tonumber(s[6]) or 0
+if s[7] == 'adaptive' then
+  rate = tonumber(s[8]) or rate
+end
 -- Places given, pre-queue entries, and numbers in the line behind the code holders (a number moved into the
 -- queue is one join, not two).
 local counters = redis.call('HMGET', KEYS[11], 'later_seq', 'later_promoted')

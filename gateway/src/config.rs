@@ -252,46 +252,8 @@ pub enum AdminAction {
     /// Create or change an event's waiting room; unset options stay as they are.
     Set {
         event: i64,
-        /// prequeue, open, paused or closed.
-        #[arg(long)]
-        state: Option<String>,
-        #[arg(long)]
-        admit_per_minute: Option<u32>,
-        #[arg(long)]
-        max_active: Option<u32>,
-        #[arg(long)]
-        session_seconds: Option<u32>,
-        #[arg(long)]
-        abandon_after_seconds: Option<u32>,
-        /// When the pre-queue opens: Unix seconds, `+N` for N seconds from now, or 0 to clear.
-        #[arg(long)]
-        opens_at: Option<String>,
-        /// on: a new place costs a solved proof-of-work challenge; auto: the same, at a difficulty that
-        /// follows the surge; off: an account token is enough.
-        #[arg(long)]
-        challenge: Option<String>,
-        /// The most hashes a challenge can take (a solver needs half on average); auto starts from it.
-        #[arg(long)]
-        challenge_difficulty: Option<u32>,
-        /// auto's lowest difficulty.
-        #[arg(long)]
-        challenge_min_difficulty: Option<u32>,
-        /// auto's highest difficulty.
-        #[arg(long)]
-        challenge_max_difficulty: Option<u32>,
-        /// How often auto decides, in seconds.
-        #[arg(long)]
-        challenge_window_seconds: Option<u32>,
-        /// true: forged or spent solutions are answered as a waiting fan that never advances.
-        #[arg(long)]
-        infinite_queue_for_failed: Option<bool>,
-        /// Most places one client network (address prefix) is given in the room; 0: no cap.
-        #[arg(long)]
-        places_per_network: Option<u32>,
-        /// public, code_required (only presale code holders join) or codes_first (code holders are admitted
-        /// ahead of everyone who joined without one).
-        #[arg(long)]
-        access: Option<String>,
+        #[command(flatten)]
+        patch: crate::room::SettingsPatch,
     },
     /// Show the recorded pre-queue draw (seed, join order) and check it by recomputing every place.
     Draw { event: i64 },

@@ -6,9 +6,9 @@
 //!
 //! Imports flow one way: `edge` (HTTP: routes, refusals, the proxy phases) uses `room` (pure decisions),
 //! `gate` (proof-of-work challenges, pure),
-//! `store` (Redis), `seatmap` (the live seat maps' feeds, over `store`), `limits` and `upstreams` (booking's
-//! nodes); `ticker` and `admin` use `room` and `store`,
-//! the ticker also `upstreams`; nothing imports `edge` but
+//! `store` (Redis), `seatmap` (the live seat maps' feeds, over `store`), `limits`, `upstreams` (booking's
+//! nodes) and `health` (booking's answers as timed here); `ticker` and `admin` use `room` and `store`,
+//! the ticker also `upstreams` and `health`; nothing imports `edge` but
 //! `main` and the OpenAPI document.
 
 pub mod admin;
@@ -16,6 +16,7 @@ pub mod codes;
 pub mod config;
 pub mod edge;
 pub mod gate;
+pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod openapi;

@@ -105,7 +105,9 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     let timeouts = Timeouts { io: cfg.upstream_timeout(), health_every: Duration::from_millis(cfg.health_check_ms) };
     let (upstreams, health_check) = Upstreams::new(&cfg.upstreams, timeouts)?;
     let upstreams = Arc::new(upstreams);
+    let health = Arc::new(gateway::health::Health::default());
     let edge = Edge {
+        health: health.clone(),
         keyring: keyring.clone(),
         upstreams: upstreams.clone(),
         queue,
@@ -157,6 +159,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         max_walk: MAX_WALK,
         quiet_every: (cfg.stale_after() / 4).min(Duration::from_millis(500)).max(cfg.tick()),
         free_on_paid: cfg.free_on_paid,
+        health,
         node: format!("{:016x}", rand::random::<u64>()),
     };
     server.add_service(background_service("queue ticker", ticker));

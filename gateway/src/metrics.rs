@@ -19,6 +19,7 @@ pub fn record_room(event: i64, live: &Live, eta_error: Option<&crate::room::EtaE
     set("waiting_room_abandoned_total", live.counts.abandoned_total as f64);
     set("waiting_room_freed_total", live.counts.freed_total as f64);
     set("waiting_room_admit_per_minute_setting", f64::from(live.settings.admit_per_minute));
+    set("waiting_room_rate_in_force", f64::from(live.settings.rate()));
     let challenged = live.settings.challenge != crate::room::ChallengeMode::Off;
     set(
         "waiting_room_challenge_difficulty",

@@ -37,9 +37,10 @@ pub struct QueueKeys {
 }
 
 /// The keys every queue script receives, in this order (the scripts' headers list them).
-const KEY_NAMES: [&str; 23] = [
+const KEY_NAMES: [&str; 24] = [
     "settings", "seq", "head", "places", "who", "joined", "seen", "active", "skipped", "batches", "stats", "waits",
     "pre", "prelist", "shuffle", "spent", "networks", "codes", "uses", "holders", "later", "laterwho", "left",
+    "health",
 ];
 
 impl QueueKeys {
@@ -51,7 +52,7 @@ impl QueueKeys {
         format!("{}{name}", self.base)
     }
 
-    /// All twenty-three keys, in script order.
+    /// All twenty-four keys, in script order.
     pub fn all(&self) -> Vec<String> {
         KEY_NAMES.iter().map(|name| self.key(name)).collect()
     }
@@ -188,6 +189,7 @@ struct Scripts {
     tune: Script,
     pass: Script,
     free: Script,
+    adapt: Script,
 }
 
 impl Scripts {
@@ -201,6 +203,7 @@ impl Scripts {
             tune: Script::new(include_str!("../../lua/queue_tune_challenge.lua")),
             pass: Script::new(include_str!("../../lua/queue_pass.lua")),
             free: Script::new(include_str!("../../lua/queue_free.lua")),
+            adapt: Script::new(include_str!("../../lua/queue_adapt.lua")),
         }
     }
 }
@@ -593,6 +596,20 @@ impl QueueStore {
         }
     }
 
+    /// Adds what this node saw of booking's answers for `event` and, at most once a second across the nodes,
+    /// decides an `adaptive` room's rate (`lua/queue_adapt.lua`): the rate in force and why, when decided now.
+    pub async fn adapt(&self, event: i64, seen: &crate::health::Report) -> Result<Option<(u64, String)>, StoreError> {
+        let mut inv = self.script(&self.scripts.adapt, event);
+        inv.arg(seen.answered).arg(seen.slow).arg(seen.unavailable).arg(seen.stalled);
+        let mut conn = self.conn.clone();
+        let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
+        match p.first().map(String::as_str) {
+            Some("fixed" | "waiting") => Ok(None),
+            Some("decided") => Ok(Some((number(&p, 1)?, p.get(2).cloned().unwrap_or_default()))),
+            _ => Err(StoreError::Reply(p.join(" "))),
+        }
+    }
+
     /// Admits `account` at once on a sponsor pass (`lua/queue_pass.lua`), spending the pass `id` until
     /// `expires_at_ms`.
     pub async fn admit_pass(
@@ -907,6 +924,15 @@ impl QueueStore {
             ("max_active", patch.max_active),
             ("session_seconds", patch.session_seconds),
             ("abandon_after_seconds", patch.abandon_after_seconds),
+            ("challenge_difficulty", patch.challenge_difficulty),
+            ("challenge_min_difficulty", patch.challenge_min_difficulty),
+            ("challenge_max_difficulty", patch.challenge_max_difficulty),
+            ("challenge_window_seconds", patch.challenge_window_seconds),
+            ("places_per_network", patch.places_per_network),
+            ("rate_floor", patch.rate_floor),
+            ("rate_ceiling", patch.rate_ceiling),
+            ("target_p99_ms", patch.target_p99_ms),
+            ("target_503_percent", patch.target_503_percent),
         ];
         fields.extend(numbers.iter().filter_map(|(name, v)| v.map(|v| (*name, v.to_string()))));
         if let Some(at) = patch.opens_at {
@@ -915,21 +941,16 @@ impl QueueStore {
         if let Some(mode) = patch.challenge {
             fields.push(("challenge", mode.as_str().to_owned()));
         }
-        let challenge_numbers = [
-            ("challenge_difficulty", patch.challenge_difficulty),
-            ("challenge_min_difficulty", patch.challenge_min_difficulty),
-            ("challenge_max_difficulty", patch.challenge_max_difficulty),
-            ("challenge_window_seconds", patch.challenge_window_seconds),
-        ];
-        fields.extend(challenge_numbers.iter().filter_map(|(name, v)| v.map(|v| (*name, v.to_string()))));
-        if let Some(cap) = patch.places_per_network {
-            fields.push(("places_per_network", cap.to_string()));
-        }
         if let Some(held) = patch.infinite_queue_for_failed {
             fields.push(("infinite_queue_for_failed", u8::from(held).to_string()));
         }
         if let Some(access) = patch.access {
             fields.push(("access", access.as_str().to_owned()));
+        }
+        if let Some(mode) = patch.rate_mode {
+            fields.push(("rate_mode", mode.as_str().to_owned()));
+            // A new mode starts afresh: adaptive from the operators' rate within the bounds.
+            pipe.hdel(&settings_key, &["rate_in_force", "rate_reason"]).ignore();
         }
         if !fields.is_empty() {
             pipe.hset_multiple(&settings_key, &fields).ignore();

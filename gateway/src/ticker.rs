@@ -20,7 +20,7 @@ use pingora::services::background::BackgroundService;
 use tokens::{AccountId, AdmissionClaims, Keyring};
 
 use crate::limits::{Limits, NODE_ALIVE};
-use crate::room::{ChallengeMode, HeldBack, History, Left, Live, Outflow, QueueState, Room, Rooms};
+use crate::room::{ChallengeMode, HeldBack, History, Left, Live, Outflow, QueueState, RateMode, Room, Rooms};
 use crate::store::{Freed, FreedBy, LazyStore, QueueStore, Stepped, StoreError};
 use crate::upstreams::Upstreams;
 
@@ -41,6 +41,8 @@ pub struct Ticker {
     pub node: String,
     /// Whether a paid order frees its fan's slot (booking's order event stream is read).
     pub free_on_paid: bool,
+    /// Booking's answers as this node's proxy saw them, for adaptive rooms.
+    pub health: Arc<crate::health::Health>,
 }
 
 /// Rooms stepped at once: their Redis calls share one multiplexed connection, so a node with hundreds of
@@ -319,6 +321,15 @@ impl Ticker {
                 self.rooms.seen(event, account);
             }
             return Err(e);
+        }
+        if let Some(room) = self.rooms.get(event)
+            && room.live.settings.rate_mode == RateMode::Adaptive
+        {
+            let target = Duration::from_millis(u64::from(room.live.settings.target_p99_ms));
+            let seen = self.health.take(event, target);
+            if let Some((rate, reason)) = store.adapt(event, &seen).await? {
+                tracing::debug!(event, rate, reason, "adaptive rate decided");
+            }
         }
         if store.admit(event, self.max_walk, self.admit_burst).await? == Stepped::Opening {
             let seed = crate::room::shuffle::seed_from(rand::random());

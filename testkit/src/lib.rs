@@ -83,6 +83,7 @@ pub fn settings_bodies() -> impl proptest::strategy::Strategy<Value = serde_json
         (0u64..100_000).prop_map(|n| json!(n)),
         any::<f64>().prop_map(|f| json!(f)),
         prop_oneof![Just("open"), Just("paused"), Just("closed"), Just("sold_out"), Just("")].prop_map(|s| json!(s)),
+        prop_oneof![Just("fixed"), Just("adaptive")].prop_map(|s| json!(s)),
         "[ -~]{0,10}".prop_map(|s| json!(s)),
         Just(Value::Null),
         Just(json!([1, 2])),
@@ -94,6 +95,11 @@ pub fn settings_bodies() -> impl proptest::strategy::Strategy<Value = serde_json
         Just("session_seconds"),
         Just("abandon_after_seconds"),
         Just("opens_at"),
+        Just("rate_mode"),
+        Just("rate_floor"),
+        Just("rate_ceiling"),
+        Just("target_p99_ms"),
+        Just("target_503_percent"),
         Just("nonsense"),
     ];
     prop::collection::vec((name, value), 0..6)

@@ -6,7 +6,6 @@ use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
 use crate::config::{AdminAction, AdminArgs};
-use crate::room::{Access, ChallengeMode, QueueState, SettingsPatch};
 
 /// Runs one admin command to completion.
 pub fn run(args: AdminArgs) -> anyhow::Result<()> {
@@ -14,19 +13,9 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
     runtime.block_on(execute(args))
 }
 
-/// `--opens-at`: Unix seconds, `+N` seconds from now, or 0 to clear.
-fn opens_at(raw: &str) -> anyhow::Result<u64> {
-    unix_time("--opens-at", raw)
-}
-
 /// A time option: Unix seconds, or `+N` seconds from now.
 fn unix_time(option: &str, raw: &str) -> anyhow::Result<u64> {
-    match raw.strip_prefix('+') {
-        Some(offset) => {
-            Ok(tokens::unix_now() + offset.parse::<u64>().with_context(|| format!("{option} +N: N seconds"))?)
-        }
-        None => raw.parse().with_context(|| format!("{option}: Unix seconds or +N")),
-    }
+    crate::room::unix_time_arg(raw).map_err(|e| anyhow::anyhow!("{option}: {e}"))
 }
 
 /// Tries of one request while the gateway answers 503.
@@ -58,58 +47,7 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
             let ask = json!({ "account": account, "ttl_seconds": ttl_seconds });
             (*event, client.post(format!("{base}/admin/events/{event}/passes")).json(&ask))
         }
-        AdminAction::Set {
-            event,
-            state,
-            admit_per_minute,
-            max_active,
-            session_seconds,
-            abandon_after_seconds,
-            opens_at: at,
-            challenge,
-            challenge_difficulty,
-            challenge_min_difficulty,
-            challenge_max_difficulty,
-            challenge_window_seconds,
-            infinite_queue_for_failed,
-            places_per_network,
-            access,
-        } => {
-            let state = match state {
-                Some(s) => Some(
-                    QueueState::parse(s).with_context(|| format!("--state {s}: prequeue, open, paused or closed"))?,
-                ),
-                None => None,
-            };
-            let patch = SettingsPatch {
-                state,
-                admit_per_minute: *admit_per_minute,
-                max_active: *max_active,
-                session_seconds: *session_seconds,
-                abandon_after_seconds: *abandon_after_seconds,
-                opens_at: at.as_deref().map(opens_at).transpose()?,
-                challenge: match challenge {
-                    Some(c) => {
-                        Some(ChallengeMode::parse(c).with_context(|| format!("--challenge {c}: on, auto or off"))?)
-                    }
-                    None => None,
-                },
-                challenge_difficulty: *challenge_difficulty,
-                challenge_min_difficulty: *challenge_min_difficulty,
-                challenge_max_difficulty: *challenge_max_difficulty,
-                challenge_window_seconds: *challenge_window_seconds,
-                infinite_queue_for_failed: *infinite_queue_for_failed,
-                places_per_network: *places_per_network,
-                access: match access {
-                    Some(a) => Some(
-                        Access::parse(a)
-                            .with_context(|| format!("--access {a}: public, code_required or codes_first"))?,
-                    ),
-                    None => None,
-                },
-            };
-            (*event, client.put(format!("{base}/admin/events/{event}")).json(&patch))
-        }
+        AdminAction::Set { event, patch } => (*event, client.put(format!("{base}/admin/events/{event}")).json(patch)),
     };
     let request = request.bearer_auth(token);
     // A 503 says the queue's store did not answer (a Redis restarting, a connection being made again): the same

@@ -24,7 +24,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use crate::codes::{BatchAsk, BatchError};
-use crate::room::{Access, ChallengeMode, Freshness, QueueState, Rooms, Settings, SettingsPatch};
+use crate::room::{Access, ChallengeMode, Freshness, QueueState, RateMode, Rooms, Settings, SettingsPatch};
 use crate::store::{LazyStore, StateChange};
 
 /// The admin service.
@@ -189,6 +189,17 @@ pub struct RoomView {
     pub places_per_network: u32,
     /// `public`, `code_required` or `codes_first`.
     pub access: Access,
+    /// `fixed` or `adaptive`, with `adaptive`'s bounds and targets.
+    pub rate_mode: RateMode,
+    pub rate_floor: u32,
+    pub rate_ceiling: u32,
+    pub target_p99_ms: u32,
+    pub target_503_percent: u32,
+    /// Fans admitted per minute now: `admit_per_minute`, or the rate `adaptive` decided.
+    pub rate_in_force: u32,
+    /// `adaptive`: why the rate is what it is (booking's answers over the last seconds, against the targets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveView>,
     /// PUT only: pre-queue places drawn by this change.
@@ -218,6 +229,13 @@ impl RoomView {
             infinite_queue_for_failed: s.infinite_queue_for_failed,
             places_per_network: s.places_per_network,
             access: s.access,
+            rate_mode: s.rate_mode,
+            rate_floor: s.rate_floor,
+            rate_ceiling: s.rate_ceiling,
+            target_p99_ms: s.target_p99_ms,
+            target_503_percent: s.target_503_percent,
+            rate_in_force: s.rate(),
+            rate_reason: s.rate_reason.clone().filter(|_| s.rate_mode == RateMode::Adaptive),
             live: None,
             drawn: None,
         }

@@ -82,6 +82,8 @@ pub struct Edge {
     pub feeds: Arc<Feeds>,
     /// The bounds on the live seat map streams this node serves.
     pub stream_caps: Arc<stream::Caps>,
+    /// Booking's answers for adaptive rooms, as this node sees them (the ticker reports them).
+    pub health: Arc<crate::health::Health>,
 }
 
 /// What one request carries from phase to phase.
@@ -112,6 +114,8 @@ pub struct Ctx {
     request_id: bool,
     /// The request was counted in flight on its connection's head clock.
     watched: bool,
+    /// The request goes to booking for an adaptive room: its answer is timed and counted.
+    timed: Option<crate::health::Pending>,
 }
 
 // Fields are looked up by `HeaderName` constants: a name given as text is parsed and hashed again on each call.
@@ -513,6 +517,17 @@ impl Edge {
         .await
     }
 
+    /// Starts timing a request that goes to booking, when its event's room adapts its rate to booking's answers
+    /// (only configured rooms: a client cannot grow the figures with made-up event ids). A live stream's answer
+    /// lasts as long as the fan watches, so it says nothing of booking's latency.
+    fn time_answer(&self, route: Route, stream: bool) -> Option<crate::health::Pending> {
+        let (Route::Event(event) | Route::PublicMap(event)) = route else { return None };
+        let room = self.queue.rooms.get(event).filter(|_| !stream)?;
+        let settings = &room.live.settings;
+        (settings.rate_mode == crate::room::RateMode::Adaptive)
+            .then(|| self.health.start(event, Duration::from_millis(u64::from(settings.target_p99_ms))))
+    }
+
     /// The answer to a request the gateway answers itself, or `None` for one that goes to booking.
     async fn answer(&self, session: &mut Session, ctx: &mut Ctx) -> Option<Reply> {
         let req = session.req_header();
@@ -558,6 +573,7 @@ impl Edge {
                     Ok(length) => {
                         ctx.proxied = true;
                         ctx.body_len = length;
+                        ctx.timed = self.time_answer(route, ctx.wants_stream);
                         None
                     }
                     Err(refusal) => Some(refusal),
@@ -703,6 +719,9 @@ impl ProxyHttp for Edge {
         }
         if let Some(status) = session.response_written().map(|r| r.status.as_u16()) {
             crate::metrics::record_response(ctx.proxied, status);
+            if let Some(timed) = ctx.timed.take() {
+                timed.finish(status);
+            }
         }
     }
 }

@@ -596,7 +596,7 @@ impl Queue {
         let eta = match self.rooms.get(event) {
             _ if held.is_some() => None,
             Some(room) => room.live.eta_seconds(position),
-            None => room::eta_seconds(settings, position, f64::from(settings.admit_per_minute)),
+            None => room::eta_seconds(settings, position, f64::from(settings.rate())),
         };
         Placed::from(QueueAnswer {
             position: Some(position),

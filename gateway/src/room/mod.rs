@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 pub mod shuffle;
 
 /// The state of an event's queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum QueueState {
     /// Before the opening: joiners wait unordered; their places are drawn at random when it opens.
     Prequeue,
@@ -57,8 +58,9 @@ impl fmt::Display for QueueState {
 }
 
 /// Whether a join must be paid for with a solved proof-of-work challenge (`crate::gate`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum ChallengeMode {
     /// A join needs an account token only.
     Off,
@@ -88,8 +90,9 @@ impl ChallengeMode {
 }
 
 /// Who may join a room, and in which order (presale codes: `POST /admin/events/{id}/codes`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum Access {
     /// Anyone with an account joins; a code is not asked for, and one sent is not redeemed.
     Public,
@@ -115,6 +118,45 @@ impl Access {
             "codes_first" => Some(Access::CodesFirst),
             _ => None,
         }
+    }
+}
+
+/// How a room's admission rate is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum RateMode {
+    /// `admit_per_minute`, as operators set it.
+    Fixed,
+    /// Between `rate_floor` and `rate_ceiling`, following how booking answers (`lua/queue_adapt.lua`): halved
+    /// when its answers miss the room's targets, raised by a tenth of the range a second while they meet them.
+    Adaptive,
+}
+
+impl RateMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RateMode::Fixed => "fixed",
+            RateMode::Adaptive => "adaptive",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "fixed" => Some(RateMode::Fixed),
+            "adaptive" => Some(RateMode::Adaptive),
+            _ => None,
+        }
+    }
+}
+
+/// A time on the command line: Unix seconds, or `+N` for N seconds from now.
+pub fn unix_time_arg(raw: &str) -> Result<u64, String> {
+    match raw.strip_prefix('+') {
+        Some(offset) => {
+            offset.parse::<u64>().map(|n| tokens::unix_now() + n).map_err(|_| format!("+N: N seconds, not {offset:?}"))
+        }
+        None => raw.parse().map_err(|_| format!("Unix seconds or +N, not {raw:?}")),
     }
 }
 
@@ -178,6 +220,17 @@ pub struct Settings {
     pub places_per_network: u32,
     /// Who may join, and whether code holders go first.
     pub access: Access,
+    /// Whether the rate is the operators' or follows booking.
+    pub rate_mode: RateMode,
+    /// `adaptive`'s bounds on the rate, fans per minute.
+    pub rate_floor: u32,
+    pub rate_ceiling: u32,
+    /// `adaptive`'s targets: booking's 99th percentile answer time, in ms, and its share of 503s, in percent.
+    pub target_p99_ms: u32,
+    pub target_503_percent: u32,
+    /// `adaptive`: the rate in force and why, as the last decision left them (`None` before the first).
+    pub rate_in_force: Option<u32>,
+    pub rate_reason: Option<String>,
 }
 
 impl Settings {
@@ -199,10 +252,28 @@ impl Settings {
         infinite_queue_for_failed: false,
         places_per_network: 1000,
         access: Access::Public,
+        rate_mode: RateMode::Fixed,
+        rate_floor: 60,
+        rate_ceiling: 6000,
+        target_p99_ms: 1000,
+        target_503_percent: 1,
+        rate_in_force: None,
+        rate_reason: None,
     };
 
+    /// Fans admitted per minute now: the operators' rate, or in `adaptive` the rate in force (until the first
+    /// decision, the operators' rate within the bounds).
+    pub fn rate(&self) -> u32 {
+        match self.rate_mode {
+            RateMode::Fixed => self.admit_per_minute,
+            RateMode::Adaptive => self.rate_in_force.unwrap_or_else(|| {
+                self.admit_per_minute.clamp(self.rate_floor.min(self.rate_ceiling), self.rate_ceiling)
+            }),
+        }
+    }
+
     /// The Redis hash's fields, as [`Self::from_hash`] reads them.
-    pub fn fields(&self) -> [(&'static str, String); 18] {
+    pub fn fields(&self) -> [(&'static str, String); 23] {
         let held = self.all_held.unwrap_or_default();
         [
             ("state", self.state.as_str().to_owned()),
@@ -223,6 +294,11 @@ impl Settings {
             ("infinite_queue_for_failed", u8::from(self.infinite_queue_for_failed).to_string()),
             ("places_per_network", self.places_per_network.to_string()),
             ("access", self.access.as_str().to_owned()),
+            ("rate_mode", self.rate_mode.as_str().to_owned()),
+            ("rate_floor", self.rate_floor.to_string()),
+            ("rate_ceiling", self.rate_ceiling.to_string()),
+            ("target_p99_ms", self.target_p99_ms.to_string()),
+            ("target_503_percent", self.target_503_percent.to_string()),
         ]
     }
 
@@ -254,55 +330,96 @@ impl Settings {
             infinite_queue_for_failed: num("infinite_queue_for_failed") == Some(1),
             places_per_network: small("places_per_network").unwrap_or(Settings::DEFAULT.places_per_network),
             access: hash.get("access").map_or(Some(Access::Public), |a| Access::parse(a))?,
+            rate_mode: hash.get("rate_mode").map_or(Some(RateMode::Fixed), |m| RateMode::parse(m))?,
+            rate_floor: small("rate_floor").unwrap_or(Settings::DEFAULT.rate_floor),
+            rate_ceiling: small("rate_ceiling").unwrap_or(Settings::DEFAULT.rate_ceiling),
+            target_p99_ms: small("target_p99_ms").unwrap_or(Settings::DEFAULT.target_p99_ms),
+            target_503_percent: small("target_503_percent").unwrap_or(Settings::DEFAULT.target_503_percent),
+            rate_in_force: small("rate_in_force"),
+            rate_reason: hash.get("rate_reason").cloned(),
         })
     }
 }
 
 /// A change operators ask for; absent fields stay as they are.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct SettingsPatch {
     /// `prequeue`, `open`, `paused` or `closed` (`sold_out` is the gateway's to set).
+    #[arg(long)]
     pub state: Option<QueueState>,
-    /// 1 to 1,000,000.
+    /// Fans admitted per minute (the rate of `fixed`), 1 to 1,000,000.
     #[schema(minimum = 1, maximum = 1_000_000)]
+    #[arg(long)]
     pub admit_per_minute: Option<u32>,
-    /// 1 to 10,000,000.
+    /// Most fans admitted within one session window, 1 to 10,000,000.
     #[schema(minimum = 1, maximum = 10_000_000)]
+    #[arg(long)]
     pub max_active: Option<u32>,
-    /// 10 to 86,400.
+    /// How long an admission lasts, 10 to 86,400 seconds.
     #[schema(minimum = 10, maximum = 86_400)]
+    #[arg(long)]
     pub session_seconds: Option<u32>,
-    /// 5 to 86,400.
+    /// A waiting fan not seen for this long is skipped when its turn comes, 5 to 86,400 seconds.
     #[schema(minimum = 5, maximum = 86_400)]
+    #[arg(long)]
     pub abandon_after_seconds: Option<u32>,
-    /// Unix seconds; 0 clears it.
+    /// When the pre-queue opens: Unix seconds (`+N` on the command line: N seconds from now); 0 clears it.
     #[schema(maximum = 4_102_444_800_u64)]
+    #[arg(long, value_parser = unix_time_arg)]
     pub opens_at: Option<u64>,
     /// `on`: a new place costs a solved proof-of-work challenge; `auto`: the same, at a difficulty that
     /// follows the surge; `off`: an account token is enough.
+    #[arg(long)]
     pub challenge: Option<ChallengeMode>,
     /// The most hashes a challenge can take, 1,000 to 100,000,000 (a solver needs half on average); with
     /// `auto`, where the difficulty starts from.
     #[schema(minimum = 1_000, maximum = 100_000_000)]
+    #[arg(long)]
     pub challenge_difficulty: Option<u32>,
     /// `auto`'s lowest difficulty, 1,000 to 100,000,000.
     #[schema(minimum = 1_000, maximum = 100_000_000)]
+    #[arg(long)]
     pub challenge_min_difficulty: Option<u32>,
     /// `auto`'s highest difficulty, 1,000 to 100,000,000.
     #[schema(minimum = 1_000, maximum = 100_000_000)]
+    #[arg(long)]
     pub challenge_max_difficulty: Option<u32>,
     /// How often `auto` decides, 1 to 3,600 seconds.
     #[schema(minimum = 1, maximum = 3600)]
+    #[arg(long)]
     pub challenge_window_seconds: Option<u32>,
     /// Answer forged or spent solutions as a waiting fan that never advances, instead of refusing them.
+    #[arg(long)]
     pub infinite_queue_for_failed: Option<bool>,
     /// Most places one client network (address prefix) is given in the room, 0 to 10,000,000; 0: no cap.
     #[schema(maximum = 10_000_000)]
+    #[arg(long)]
     pub places_per_network: Option<u32>,
     /// `public`, `code_required` (a presale: only code holders join) or `codes_first` (code holders are
     /// admitted ahead of everyone who joined without one).
+    #[arg(long)]
     pub access: Option<Access>,
+    /// `fixed` (`admit_per_minute`) or `adaptive` (between the floor and the ceiling, following booking's
+    /// answers against the targets below).
+    #[arg(long)]
+    pub rate_mode: Option<RateMode>,
+    /// `adaptive`'s lowest rate, 1 to 1,000,000 fans per minute.
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    #[arg(long)]
+    pub rate_floor: Option<u32>,
+    /// `adaptive`'s highest rate, 1 to 1,000,000 fans per minute.
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    #[arg(long)]
+    pub rate_ceiling: Option<u32>,
+    /// `adaptive`'s target for booking's 99th percentile answer time, 10 to 600,000 ms.
+    #[schema(minimum = 10, maximum = 600_000)]
+    #[arg(long)]
+    pub target_p99_ms: Option<u32>,
+    /// `adaptive`'s target for booking's share of 503 answers, 0 to 100 percent.
+    #[schema(maximum = 100)]
+    #[arg(long)]
+    pub target_503_percent: Option<u32>,
 }
 
 /// Why a settings change was refused (a 422 with this code).
@@ -316,6 +433,8 @@ pub enum PatchError {
     Empty,
     #[error("challenge_min_difficulty is above challenge_max_difficulty")]
     BoundsCrossed,
+    #[error("rate_floor is above rate_ceiling")]
+    RateBoundsCrossed,
 }
 
 impl PatchError {
@@ -324,7 +443,7 @@ impl PatchError {
             PatchError::OutOfRange { .. } => "setting_out_of_range",
             PatchError::SoldOutIsNotSettable => "state_not_settable",
             PatchError::Empty => "empty_change",
-            PatchError::BoundsCrossed => "setting_out_of_range",
+            PatchError::BoundsCrossed | PatchError::RateBoundsCrossed => "setting_out_of_range",
         }
     }
 }
@@ -339,7 +458,7 @@ impl SettingsPatch {
             return Err(PatchError::SoldOutIsNotSettable);
         }
         let (easiest, hardest) = DIFFICULTY_RANGE;
-        let ranges: [(&'static str, Option<u32>, u64, u64); 9] = [
+        let ranges: [(&'static str, Option<u32>, u64, u64); 13] = [
             ("admit_per_minute", self.admit_per_minute, 1, 1_000_000),
             ("max_active", self.max_active, 1, 10_000_000),
             ("session_seconds", self.session_seconds, 10, 86_400),
@@ -349,6 +468,10 @@ impl SettingsPatch {
             ("challenge_max_difficulty", self.challenge_max_difficulty, easiest.into(), hardest.into()),
             ("challenge_window_seconds", self.challenge_window_seconds, 1, 3600),
             ("places_per_network", self.places_per_network, 0, 10_000_000),
+            ("rate_floor", self.rate_floor, 1, 1_000_000),
+            ("rate_ceiling", self.rate_ceiling, 1, 1_000_000),
+            ("target_p99_ms", self.target_p99_ms, 10, 600_000),
+            ("target_503_percent", self.target_503_percent, 0, 100),
         ];
         for (field, value, min, max) in ranges {
             if let Some(v) = value
@@ -361,6 +484,11 @@ impl SettingsPatch {
             && lowest > highest
         {
             return Err(PatchError::BoundsCrossed);
+        }
+        if let (Some(lowest), Some(highest)) = (self.rate_floor, self.rate_ceiling)
+            && lowest > highest
+        {
+            return Err(PatchError::RateBoundsCrossed);
         }
         if let Some(at) = self.opens_at
             && at > 4_102_444_800
@@ -454,7 +582,7 @@ impl Live {
     /// [`OUTFLOW_WINDOW_MS`]).
     pub fn eta_seconds(&self, position: u64) -> Option<u64> {
         let settings = &self.settings;
-        let rate = f64::from(settings.admit_per_minute);
+        let rate = f64::from(settings.rate());
         if self.counts.active < u64::from(settings.max_active) {
             return eta_seconds(settings, position, rate);
         }

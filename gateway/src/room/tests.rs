@@ -106,6 +106,33 @@ fn settings_read_from_redis_need_every_field() {
     assert_eq!(Settings::from_hash(&hash), None);
 }
 
+#[test]
+fn the_rate_in_force_is_the_operators_or_the_adaptive_decision_within_its_bounds() {
+    let fixed = Settings { admit_per_minute: 600, rate_in_force: Some(90), ..Settings::DEFAULT };
+    assert_eq!(fixed.rate(), 600, "a fixed room ignores a decision left from adaptive");
+    let adaptive = Settings { rate_mode: RateMode::Adaptive, rate_floor: 100, rate_ceiling: 300, ..fixed.clone() };
+    assert_eq!(adaptive.rate(), 90, "the decision in force");
+    let undecided = Settings { rate_in_force: None, ..adaptive.clone() };
+    assert_eq!(undecided.rate(), 300, "before the first decision: the operators' rate within the bounds");
+    let low = Settings { admit_per_minute: 10, ..undecided };
+    assert_eq!(low.rate(), 100);
+}
+
+#[test]
+fn settings_written_to_redis_read_back_the_same() {
+    let s = Settings {
+        rate_mode: RateMode::Adaptive,
+        rate_floor: 120,
+        rate_ceiling: 2400,
+        target_p99_ms: 250,
+        target_503_percent: 2,
+        all_held: Some(HeldBack { seats: 7, next_release_ms: Some(1_800_000_000_000) }),
+        ..Settings::DEFAULT
+    };
+    let hash: HashMap<String, String> = s.fields().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    assert_eq!(Settings::from_hash(&hash), Some(s));
+}
+
 mod properties {
     use proptest::prelude::*;
 
@@ -124,6 +151,13 @@ mod properties {
                     prop_assert!(within(patch.session_seconds, 10, 86_400), "{}", body);
                     prop_assert!(within(patch.abandon_after_seconds, 5, 86_400), "{}", body);
                     prop_assert!(patch.opens_at.is_none_or(|at| at <= 4_102_444_800), "{}", body);
+                    prop_assert!(within(patch.rate_floor, 1, 1_000_000), "{}", body);
+                    prop_assert!(within(patch.rate_ceiling, 1, 1_000_000), "{}", body);
+                    prop_assert!(within(patch.target_p99_ms, 10, 600_000), "{}", body);
+                    prop_assert!(within(patch.target_503_percent, 0, 100), "{}", body);
+                    if let (Some(floor), Some(ceiling)) = (patch.rate_floor, patch.rate_ceiling) {
+                        prop_assert!(floor <= ceiling, "{}", body);
+                    }
                     prop_assert!(patch != SettingsPatch::default() && patch.state != Some(QueueState::SoldOut));
                 }
                 Err(e) => prop_assert!(["setting_out_of_range", "state_not_settable", "empty_change"].contains(&e.code())),

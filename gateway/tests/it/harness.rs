@@ -33,9 +33,15 @@ pub async fn cluster_node(addr: &str) -> redisconn::Conn {
     cluster.node(addr).expect("node").connected(redisconn::Options::default()).await.expect("node")
 }
 
-/// What the upstream answers as booking's availability; tests change it as they go.
+/// How the upstream behaves as booking: what its availability says, and how it answers the rest. Tests change
+/// it as they go.
 #[derive(Default)]
-pub struct Availability {
+pub struct Booking {
+    /// Every other answer waits this long first.
+    pub delay_ms: AtomicU64,
+    /// Every other answer waits until this is false again (as a stopped process would), bounded by the
+    /// gateway's upstream timeout.
+    pub stopped: AtomicBool,
     pub sold_out: AtomicBool,
     /// Seats neither sold nor held.
     pub seats_available: AtomicUsize,
@@ -47,8 +53,8 @@ pub struct Availability {
     pub next_release: AtomicU64,
 }
 
-impl Availability {
-    fn body(&self) -> String {
+impl Booking {
+    fn availability(&self) -> String {
         let next = self.next_release.load(Ordering::SeqCst);
         let next = (next > 0).then(|| {
             let at = time::OffsetDateTime::from_unix_timestamp(i64::try_from(next).expect("seconds")).expect("time");
@@ -66,13 +72,13 @@ impl Availability {
 }
 
 /// A real upstream: answers every request with 200 and counts them, except the gateway's own questions:
-/// booking's availability (`GET /events/{id}/availability`), answered from [`Availability`], and its health
-/// check (`GET /readyz`).
+/// booking's availability (`GET /events/{id}/availability`), answered from [`Booking`], and its health
+/// check (`GET /readyz`); the others as [`Booking`] says.
 pub struct Upstream {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
     unix_hits: Arc<AtomicUsize>,
-    pub availability: Arc<Availability>,
+    pub booking: Arc<Booking>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -96,19 +102,27 @@ impl Upstream {
     async fn start_with(unix: Option<&std::path::Path>, addr: SocketAddr) -> Self {
         let hits = Arc::new(AtomicUsize::new(0));
         let unix_hits = Arc::new(AtomicUsize::new(0));
-        let availability =
-            Arc::new(Availability { seats_available: AtomicUsize::new(1000), ..Availability::default() });
-        let app = |counter: Arc<AtomicUsize>, availability: Arc<Availability>| {
+        let booking = Arc::new(Booking { seats_available: AtomicUsize::new(1000), ..Booking::default() });
+        let app = |counter: Arc<AtomicUsize>, booking: Arc<Booking>| {
             Router::new().fallback(any(move |uri: axum::http::Uri| {
                 let counter = counter.clone();
-                let availability = availability.clone();
+                let booking = booking.clone();
                 async move {
                     let body = if uri.path() == "/readyz" {
                         // The gateway's health check: answered, not counted.
                         r#"{"status":"ready"}"#.to_owned()
                     } else if uri.path().ends_with("/availability") {
-                        availability.body()
+                        booking.availability()
                     } else {
+                        let delay = booking.delay_ms.load(Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                        // Bounded: the gateway gives up on the answer long before.
+                        for _ in 0..6000 {
+                            if !booking.stopped.load(Ordering::SeqCst) {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
                         counter.fetch_add(1, Ordering::SeqCst);
                         r#"{"upstream":true}"#.to_owned()
                     };
@@ -120,8 +134,8 @@ impl Upstream {
         let addr = listener.local_addr().expect("addr");
         let unix = unix.map(|path| tokio::net::UnixListener::bind(path).expect("bind the upstream's Unix socket"));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let tcp_app = app(hits.clone(), availability.clone());
-        let unix_app = app(unix_hits.clone(), availability.clone());
+        let tcp_app = app(hits.clone(), booking.clone());
+        let unix_app = app(unix_hits.clone(), booking.clone());
         let task = tokio::spawn(async move {
             let stop = async {
                 let _ = rx.await;
@@ -139,7 +153,7 @@ impl Upstream {
                 }
             }
         });
-        Self { addr, hits, unix_hits, availability, shutdown: Some(tx), task: Some(task) }
+        Self { addr, hits, unix_hits, booking, shutdown: Some(tx), task: Some(task) }
     }
 
     pub fn unix_hits(&self) -> usize {

@@ -543,7 +543,7 @@ async fn a_sell_out_reported_by_booking_stops_admission_and_tells_waiting_fans()
     assert_eq!(waiting.body["state"], "waiting", "{}", waiting.text);
 
     // Every seat sold, two of them awaiting payment: they may come back, so the room is not sold out yet.
-    let availability = &upstream.availability;
+    let availability = &upstream.booking;
     availability.seats_available.store(0, SeqCst);
     availability.seats_awaiting_payment.store(2, SeqCst);
     availability.sold_out.store(true, SeqCst);
@@ -582,7 +582,7 @@ async fn while_every_seat_left_is_held_nobody_is_admitted_and_waiting_fans_are_t
     a.configure(event, json!({"state": "open", "admit_per_minute": 60000, "abandon_after_seconds": 600})).await;
     b.wait_for_room(event).await;
     // Five seats held and one awaiting payment, the first of them back in two minutes.
-    let availability = &upstream.availability;
+    let availability = &upstream.booking;
     let release = tokens::unix_now() + 120;
     availability.seats_held.store(5, SeqCst);
     availability.seats_awaiting_payment.store(1, SeqCst);
