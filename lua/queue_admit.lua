@@ -15,7 +15,9 @@
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
 --                                                   all_held (1: every seat left is held; nobody is admitted),
 --                                                   rate_mode, rate_in_force, rate_floor, rate_ceiling (adaptive:
---                                                   the rate is rate_in_force, see queue_adapt.lua)
+--                                                   the rate is rate_in_force, see queue_adapt.lua), queueing
+--                                                   (passthrough, reject: no rate, slots only), queue_all (1:
+--                                                   nobody is admitted)
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
 --   3 head (counter)      <p>queue:{evE}:head      the last place the admission step has passed
 --   4 places (hash)       <p>queue:{evE}:places    account -> place
@@ -46,19 +48,21 @@
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     most places one step may walk past (bounds the script's run time)
 -- ARGV[2]     burst: the most credit that may accrue, in ms of the admission rate
--- Returns     {"idle", state}                   the queue is not open, or every seat left is held (state
---                                               "all_held"): nothing admitted (credit resets to a burst)
+-- Returns     {"idle", state}                   the queue is not open, every seat left is held (state
+--                                               "all_held"), or the room queues all ("queue_all"): nothing
+--                                               admitted (credit resets to a burst)
 --             {"opening"}                       the pre-queue's opening time has passed: open it first
 --             {"stepped", head, seq, admitted, skipped}
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local s = redis.call('HMGET', KEYS[1], 'state', 'admit_per_minute', 'max_active', 'session_seconds',
-  'abandon_after_seconds', 'opens_at', 'all_held', 'rate_mode', 'rate_in_force', 'rate_floor', 'rate_ceiling')
+  'abandon_after_seconds', 'opens_at', 'all_held', 'rate_mode', 'rate_in_force', 'rate_floor', 'rate_ceiling',
+  'queueing', 'queue_all')
 local state = s[1]
-if state == 'open' and s[7] == '1' then
+if state == 'open' and (s[7] == '1' or s[13] == '1') then
   redis.call('HSET', KEYS[11], 'last_ms', now, 'credit', -1)
-  return {'idle', 'all_held'}
+  return {'idle', s[7] == '1' and 'all_held' or 'queue_all'}
 end
 if state ~= 'open' then
   redis.call('HSET', KEYS[11], 'last_ms', now, 'credit', -1)
@@ -90,6 +94,12 @@ if credit < 0 then
   credit = cap
 else
   credit = math.min(credit + math.max(0, now - last) * rate / 60000, cap)
+end
+
+-- passthrough and reject let fans in as fast as slots allow: the rate does not count.
+local unlimited = s[12] == 'passthrough' or s[12] == 'reject'
+if unlimited then
+  credit = tonumber(ARGV[1]) + 1
 end
 
 redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. (now - session))
@@ -151,6 +161,9 @@ if lhead > lfrom then
   redis.call('HINCRBY', KEYS[11], 'later_promoted', promoted)
 end
 
+if unlimited then
+  credit = cap + admitted
+end
 redis.call('HSET', KEYS[11], 'credit', tostring(credit - admitted), 'last_ms', now)
 if head > from then
   redis.call('SET', KEYS[3], head)

@@ -5,7 +5,7 @@
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
 --                                                   challenge (on, auto: a new place costs a solved challenge),
 --                                                   places_per_network (0 = no cap), access (public,
---                                                   code_required, codes_first)
+--                                                   code_required, codes_first), queueing, queue_all
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
 --   3 head (counter)      <p>queue:{evE}:head      the last place the admission step has passed
 --   4 places (hash)       <p>queue:{evE}:places    account -> place
@@ -53,11 +53,14 @@
 --             {"code_spent"}                    the code was redeemed by as many accounts as it allows
 --             {"code_not_yet", starts_ms}       the code's window has not begun
 --             {"code_ended", ends_ms}           the code's window is over
+--             {"no_places"}                     a `reject` room cannot let the fan in now: turned away
 -- Joining again returns the same place while the fan waits or is admitted within its session; a fan skipped as
 -- abandoned, or whose session ended, gets a new place at the back. With the challenge on, a join that sends
 -- none is answered only with a place the account already holds; a solved challenge is spent by the first join
 -- that gives or returns a place with it (a refusal spends nothing). Each network (address prefix) is given at
 -- most places_per_network places in a room, counted as they are given.
+-- A `reject` room gives a new place only to a fan who can go in at once (open, a free slot, nobody waiting);
+-- any other is turned away ({"no_places"}), before anything is spent.
 -- Presale codes (access code_required or codes_first): a code is redeemed by the join that gives or returns a
 -- place with it, once per account; an account that redeemed one here is a code holder for good, and joins again
 -- without sending it. Code holders get places in the queue itself. Under codes_first, a fan without one gets a
@@ -69,7 +72,7 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local s = redis.call('HMGET', KEYS[1], 'state', 'session_seconds', 'opens_at', 'challenge', 'places_per_network',
-  'access')
+  'access', 'queueing', 'max_active', 'queue_all')
 local state = s[1]
 if not state then
   return {'unknown'}
@@ -214,6 +217,16 @@ if gated and nonce == '' then
 end
 if full() then
   return {'network_full', cap}
+end
+if s[7] == 'reject' then
+  -- A new place only for a fan who goes in at once: the room is open and letting fans in, has a free slot,
+  -- and nobody waits.
+  local waiting = tonumber(redis.call('GET', KEYS[2]) or '0') > head
+    or tonumber(redis.call('HGET', KEYS[11], 'later_seq') or '0') > lhead
+  local inside = redis.call('ZCOUNT', KEYS[8], '(' .. (now - tonumber(s[2] or '0') * 1000), '+inf')
+  if state ~= 'open' or s[9] == '1' or waiting or inside >= (tonumber(s[8]) or 0) then
+    return {'no_places'}
+  end
 end
 if not pay() then
   return {'spent'}

@@ -42,7 +42,7 @@ pub struct ErrorBody {
             `starts_at`), code_ended (with `ended_at`)"),
         (status = 404, body = ErrorBody), (status = 405, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "queue_closed, sold_out, challenge_spent, pass_spent, \
-            room_full, code_spent"),
+            room_full, code_spent, no_places (a `reject` room is full: with `Retry-After`)"),
         (status = 428, body = ErrorBody, description = "challenge_required, challenge_expired: with `challenge`, \
             `difficulty` and `field`"),
         (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),

@@ -227,6 +227,8 @@ pub enum Joined {
     Spent,
     /// The client's network was given the room's `places_per_network` places already: nothing was done.
     NetworkFull { cap: u64 },
+    /// A `reject` room has no room now (or fans wait): the fan is turned away, nothing was done.
+    NoPlaces,
     /// In the line behind the code holders (a `codes_first` room, joined without a code): `number` in that
     /// line, at `position` (every queue place waiting comes first).
     Later { number: u64, position: u64 },
@@ -563,6 +565,7 @@ impl QueueStore {
             Some("challenge") => Joined::ChallengeRequired,
             Some("spent") => Joined::Spent,
             Some("network_full") => Joined::NetworkFull { cap: number(&p, 1)? },
+            Some("no_places") => Joined::NoPlaces,
             Some("later") => Joined::Later { number: number(&p, 1)?, position: number(&p, 2)? },
             Some("code_required") => Joined::Code(CodeRefusal::Required),
             Some("code_unknown") => Joined::Code(CodeRefusal::Unknown),
@@ -946,6 +949,12 @@ impl QueueStore {
         }
         if let Some(access) = patch.access {
             fields.push(("access", access.as_str().to_owned()));
+        }
+        if let Some(queueing) = patch.queueing {
+            fields.push(("queueing", queueing.as_str().to_owned()));
+        }
+        if let Some(all) = patch.queue_all {
+            fields.push(("queue_all", u8::from(all).to_string()));
         }
         if let Some(mode) = patch.rate_mode {
             fields.push(("rate_mode", mode.as_str().to_owned()));

@@ -24,7 +24,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use crate::codes::{BatchAsk, BatchError};
-use crate::room::{Access, ChallengeMode, Freshness, QueueState, RateMode, Rooms, Settings, SettingsPatch};
+use crate::room::{Access, ChallengeMode, Freshness, QueueState, Queueing, RateMode, Rooms, Settings, SettingsPatch};
 use crate::store::{LazyStore, StateChange};
 
 /// The admin service.
@@ -189,6 +189,10 @@ pub struct RoomView {
     pub places_per_network: u32,
     /// `public`, `code_required` or `codes_first`.
     pub access: Access,
+    /// `fifo`, `passthrough` or `reject`.
+    pub queueing: Queueing,
+    /// Nobody is let in while the room stays open.
+    pub queue_all: bool,
     /// `fixed` or `adaptive`, with `adaptive`'s bounds and targets.
     pub rate_mode: RateMode,
     pub rate_floor: u32,
@@ -229,6 +233,8 @@ impl RoomView {
             infinite_queue_for_failed: s.infinite_queue_for_failed,
             places_per_network: s.places_per_network,
             access: s.access,
+            queueing: s.queueing,
+            queue_all: s.queue_all,
             rate_mode: s.rate_mode,
             rate_floor: s.rate_floor,
             rate_ceiling: s.rate_ceiling,

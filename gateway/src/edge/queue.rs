@@ -71,6 +71,10 @@ pub struct QueueAnswer {
     /// run out, checkouts that fail), so there is no ETA meanwhile. Present (true) only then.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub all_held: bool,
+    /// The room lets nobody in for now, though it is open (`queue_all`): the fan keeps its place, and there is
+    /// no ETA meanwhile. Present (true) only then.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub queue_all: bool,
     /// While all held: how many seats may come back (held, or in orders awaiting payment).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seats_may_return: Option<u64>,
@@ -101,6 +105,7 @@ impl QueueAnswer {
             expires_at: None,
             next: None,
             all_held: false,
+            queue_all: false,
             seats_may_return: None,
             next_release_at: None,
             behind_code_holders: false,
@@ -344,6 +349,12 @@ impl Queue {
                 )
                 .header("retry-after", "60".into())
             }
+            Joined::NoPlaces => Reply::error(
+                409,
+                "no_places",
+                "every place in this room is taken and it turns new fans away while it is full: try again later",
+            )
+            .header("retry-after", "60".into()),
             Joined::Spent => {
                 record_gate("spent");
                 self.failed(event, &account, settings.as_ref(), "challenge_spent", "that solution was already used")
@@ -592,17 +603,19 @@ impl Queue {
             other => other.as_str(),
         };
         let held = settings.all_held.filter(|_| settings.state == QueueState::Open);
+        let queue_all = settings.queue_all && settings.state == QueueState::Open;
         // From this node's view of the room's outflow, or the configured rate for a room it has not read yet.
         let eta = match self.rooms.get(event) {
-            _ if held.is_some() => None,
+            _ if held.is_some() || queue_all => None,
             Some(room) => room.live.eta_seconds(position),
-            None => room::eta_seconds(settings, position, f64::from(settings.rate())),
+            None => room::eta_seconds(settings, position, settings.pace_per_minute()),
         };
         Placed::from(QueueAnswer {
             position: Some(position),
             eta_seconds: eta,
             poll_after_ms: room::poll_after_ms(settings, eta, jitter()),
             all_held: held.is_some(),
+            queue_all,
             seats_may_return: held.map(|h| h.seats),
             next_release_at: held.and_then(|h| h.next_release_ms).map(|ms| rfc3339(ms / 1000)),
             ..QueueAnswer::new(event, state)

@@ -121,6 +121,39 @@ impl Access {
     }
 }
 
+/// How a room lets fans in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Queueing {
+    /// In queue order, at the room's rate, while fewer than `max_active` are inside.
+    Fifo,
+    /// At once while fewer than `max_active` are inside, whatever the rate; then in queue order as slots free.
+    Passthrough,
+    /// At once while there is room and nobody waits; otherwise a new fan is turned away (409 `no_places`).
+    /// Fans who hold a place keep it.
+    Reject,
+}
+
+impl Queueing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Queueing::Fifo => "fifo",
+            Queueing::Passthrough => "passthrough",
+            Queueing::Reject => "reject",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "fifo" => Some(Queueing::Fifo),
+            "passthrough" => Some(Queueing::Passthrough),
+            "reject" => Some(Queueing::Reject),
+            _ => None,
+        }
+    }
+}
+
 /// How a room's admission rate is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -220,6 +253,10 @@ pub struct Settings {
     pub places_per_network: u32,
     /// Who may join, and whether code holders go first.
     pub access: Access,
+    /// How fans are let in.
+    pub queueing: Queueing,
+    /// Admission stopped while the room stays open: fans join and keep their places, nobody is let in.
+    pub queue_all: bool,
     /// Whether the rate is the operators' or follows booking.
     pub rate_mode: RateMode,
     /// `adaptive`'s bounds on the rate, fans per minute.
@@ -252,6 +289,8 @@ impl Settings {
         infinite_queue_for_failed: false,
         places_per_network: 1000,
         access: Access::Public,
+        queueing: Queueing::Fifo,
+        queue_all: false,
         rate_mode: RateMode::Fixed,
         rate_floor: 60,
         rate_ceiling: 6000,
@@ -272,8 +311,17 @@ impl Settings {
         }
     }
 
+    /// How fast fans go in while there is room, for ETAs: the rate, or without bound in a room whose queueing
+    /// lets fans in as fast as slots allow.
+    pub fn pace_per_minute(&self) -> f64 {
+        match self.queueing {
+            Queueing::Fifo => f64::from(self.rate()),
+            Queueing::Passthrough | Queueing::Reject => f64::INFINITY,
+        }
+    }
+
     /// The Redis hash's fields, as [`Self::from_hash`] reads them.
-    pub fn fields(&self) -> [(&'static str, String); 23] {
+    pub fn fields(&self) -> [(&'static str, String); 25] {
         let held = self.all_held.unwrap_or_default();
         [
             ("state", self.state.as_str().to_owned()),
@@ -294,6 +342,8 @@ impl Settings {
             ("infinite_queue_for_failed", u8::from(self.infinite_queue_for_failed).to_string()),
             ("places_per_network", self.places_per_network.to_string()),
             ("access", self.access.as_str().to_owned()),
+            ("queueing", self.queueing.as_str().to_owned()),
+            ("queue_all", u8::from(self.queue_all).to_string()),
             ("rate_mode", self.rate_mode.as_str().to_owned()),
             ("rate_floor", self.rate_floor.to_string()),
             ("rate_ceiling", self.rate_ceiling.to_string()),
@@ -330,6 +380,8 @@ impl Settings {
             infinite_queue_for_failed: num("infinite_queue_for_failed") == Some(1),
             places_per_network: small("places_per_network").unwrap_or(Settings::DEFAULT.places_per_network),
             access: hash.get("access").map_or(Some(Access::Public), |a| Access::parse(a))?,
+            queueing: hash.get("queueing").map_or(Some(Queueing::Fifo), |q| Queueing::parse(q))?,
+            queue_all: num("queue_all") == Some(1),
             rate_mode: hash.get("rate_mode").map_or(Some(RateMode::Fixed), |m| RateMode::parse(m))?,
             rate_floor: small("rate_floor").unwrap_or(Settings::DEFAULT.rate_floor),
             rate_ceiling: small("rate_ceiling").unwrap_or(Settings::DEFAULT.rate_ceiling),
@@ -400,6 +452,13 @@ pub struct SettingsPatch {
     /// admitted ahead of everyone who joined without one).
     #[arg(long)]
     pub access: Option<Access>,
+    /// `fifo` (in queue order at the rate), `passthrough` (at once up to `max_active`, then in order) or
+    /// `reject` (at once while there is room; otherwise new fans are turned away).
+    #[arg(long)]
+    pub queueing: Option<Queueing>,
+    /// `true`: nobody is let in while the room stays open (fans join and keep their places); `false` resumes.
+    #[arg(long)]
+    pub queue_all: Option<bool>,
     /// `fixed` (`admit_per_minute`) or `adaptive` (between the floor and the ceiling, following booking's
     /// answers against the targets below).
     #[arg(long)]
@@ -582,7 +641,7 @@ impl Live {
     /// [`OUTFLOW_WINDOW_MS`]).
     pub fn eta_seconds(&self, position: u64) -> Option<u64> {
         let settings = &self.settings;
-        let rate = f64::from(settings.rate());
+        let rate = settings.pace_per_minute();
         if self.counts.active < u64::from(settings.max_active) {
             return eta_seconds(settings, position, rate);
         }

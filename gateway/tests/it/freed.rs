@@ -7,14 +7,6 @@ use serde_json::{Value, json};
 
 use crate::harness::*;
 
-async fn leave(node: &GatewayProcess, event: i64, bearer: Option<&str>) -> Reply {
-    let mut req = node.client.post(format!("{}/queue/{event}/leave", node.base));
-    if let Some(token) = bearer {
-        req = req.bearer_auth(token);
-    }
-    node.send(req).await
-}
-
 async fn freed_total(node: &GatewayProcess, event: i64) -> Value {
     node.room(event).await.body["live"]["freed_total"].clone()
 }
@@ -55,13 +47,13 @@ async fn a_fan_who_leaves_frees_its_slot_at_once_and_its_admission_ends_on_every
     assert_eq!(b.get(&seats, &[("authorization", &bearer)]).await.status, 200, "admitted: booking is reached");
 
     // Who leaves must say who it is.
-    let anonymous = leave(&a, event, None).await;
+    let anonymous = a.leave(event, None).await;
     assert_eq!((anonymous.status, anonymous.code()), (401, "proof_required"), "{}", anonymous.text);
-    let elsewhere = leave(&a, event + 1, Some(&proof)).await;
+    let elsewhere = a.leave(event + 1, Some(&proof)).await;
     assert_eq!((elsewhere.status, elsewhere.code()), (403, "ticket_wrong_event"), "{}", elsewhere.text);
 
     // The first fan leaves with its ticket, through one node.
-    let left = leave(&a, event, Some(&first.ticket())).await;
+    let left = a.leave(event, Some(&first.ticket())).await;
     assert_eq!((left.status, left.body["state"].as_str()), (200, Some("left")), "{}", left.text);
     assert!(left.header("set-cookie").is_some_and(|c| c.contains("Max-Age=0")), "the ticket's cookie is cleared");
     // The next fan goes in at once (the next step), and the leaver's proof is refused on both nodes.
@@ -82,7 +74,7 @@ async fn a_fan_who_leaves_frees_its_slot_at_once_and_its_admission_ends_on_every
     wait_freed(&a, event, 1).await;
 
     // Leaving again changes nothing; the proof says who leaves as well as the ticket.
-    let again = leave(&b, event, Some(&proof)).await;
+    let again = b.leave(event, Some(&proof)).await;
     assert_eq!(again.status, 200, "{}", again.text);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(freed_total(&a, event).await, 1, "a slot is freed once");

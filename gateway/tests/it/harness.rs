@@ -320,6 +320,15 @@ impl GatewayProcess {
         self.send(req.header(gateway::gate::HEADER, altcha)).await
     }
 
+    /// `POST /queue/{event}/leave`, saying who leaves with a ticket or an admission proof (or not at all).
+    pub async fn leave(&self, event: i64, bearer: Option<&str>) -> Reply {
+        let mut req = self.client.post(format!("{}/queue/{event}/leave", self.base));
+        if let Some(token) = bearer {
+            req = req.bearer_auth(token);
+        }
+        self.send(req).await
+    }
+
     /// `GET /queue/{event}/status` with a ticket.
     pub async fn status(&self, event: i64, ticket: &str) -> Reply {
         self.send(self.client.get(format!("{}/queue/{event}/status", self.base)).bearer_auth(ticket)).await

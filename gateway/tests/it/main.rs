@@ -10,6 +10,7 @@ mod harness;
 mod limits;
 mod proxy;
 mod queue;
+mod queueing;
 mod replication;
 mod resharding;
 mod seatmap;
