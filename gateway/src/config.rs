@@ -255,6 +255,22 @@ pub enum AdminAction {
         #[command(flatten)]
         patch: crate::room::SettingsPatch,
     },
+    /// Schedule a change of an event's waiting room (the same options as `set`) at --at; with --list, show the
+    /// schedule; with --cancel, cancel a change still waiting.
+    Schedule {
+        event: i64,
+        /// When the change applies: Unix seconds, or `+N` for N seconds from now.
+        #[arg(long, value_parser = crate::room::unix_time_arg, required_unless_present_any = ["list", "cancel"])]
+        at: Option<u64>,
+        /// Show the changes waiting and the last applied; change nothing.
+        #[arg(long, conflicts_with_all = ["at", "cancel"])]
+        list: bool,
+        /// Cancel the waiting change with this id.
+        #[arg(long, conflicts_with = "at")]
+        cancel: Option<String>,
+        #[command(flatten)]
+        patch: crate::room::SettingsPatch,
+    },
     /// Show the recorded pre-queue draw (seed, join order) and check it by recomputing every place.
     Draw { event: i64 },
     /// Mint a sponsor pass: signed, expiring, for one account and this event; it admits at once (within

@@ -9,10 +9,10 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use crate::admin::{CodesMade, DrawView, LiveView, PassAsk, PassView, RoomView};
+use crate::admin::{CodesMade, DrawView, LiveView, PassAsk, PassView, RoomView, ScheduleAsk, ScheduleView};
 use crate::codes::{Batch, BatchAsk, BatchView, Redemption, Report};
 use crate::edge::queue::QueueAnswer;
-use crate::room::{Access, ChallengeMode, QueueState, SettingsPatch};
+use crate::room::{Access, Applied, ChallengeMode, QueueState, Queueing, RateMode, Scheduled, SettingsPatch};
 
 /// Every error: `{"error": "<stable_code>", "message": "<sentence>", ...details}`.
 #[derive(ToSchema)]
@@ -211,14 +211,54 @@ fn get_codes() {}
     ))]
 fn get_draw() {}
 
+/// Schedule a change of this room's settings (admin listener): `set` (as `PUT` takes it) applies at `at`, on
+/// every node within a second of it.
+#[utoipa::path(post, path = "/admin/events/{event_id}/schedule", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("admin" = [])),
+    request_body = ScheduleAsk,
+    responses(
+        (status = 201, body = Scheduled),
+        (status = 400, body = ErrorBody, description = "invalid_path"),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody, description = "queue_not_found"),
+        (status = 409, body = ErrorBody, description = "schedule_full"),
+        (status = 422, body = ErrorBody, description = "invalid_schedule, setting_out_of_range, state_not_settable, \
+            empty_change"),
+        (status = 503, body = ErrorBody),
+    ))]
+fn post_schedule() {}
+
+/// A room's schedule: the changes waiting, and the last applied with their outcome (admin listener).
+#[utoipa::path(get, path = "/admin/events/{event_id}/schedule", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, body = ScheduleView),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ))]
+fn get_schedule() {}
+
+/// Cancel a change still waiting in a room's schedule (admin listener).
+#[utoipa::path(delete, path = "/admin/events/{event_id}/schedule/{change_id}", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id"), ("change_id" = String, Path, description = "the change's id")),
+    security(("admin" = [])),
+    responses(
+        (status = 204, description = "cancelled"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "queue_not_found, change_not_found"),
+        (status = 503, body = ErrorBody),
+    ))]
+fn delete_scheduled() {}
+
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Waiting-room gateway API", description = "The waiting room on the public listener, the admin \
         API on the admin listener. `/events/{event_id}/...` is forwarded to booking (see booking's document) with \
         an admission proof; `/events/{event_id}/seats/status` and `/seats/layout/{catalogue_version}` without \
         one, under the per-IP limit."),
-    paths(join, leave, solver, status, page, seat_stream, healthz, get_room, put_room, post_pass, post_codes, get_codes, get_draw),
-    components(schemas(ErrorBody, Left, QueueAnswer, RoomView, LiveView, DrawView, PassAsk, PassView, SettingsPatch, QueueState, ChallengeMode, Access, BatchAsk, CodesMade, Report, BatchView, Batch, Redemption)),
+    paths(join, leave, solver, status, page, seat_stream, healthz, get_room, put_room, post_pass, post_codes, get_codes, get_draw, post_schedule, get_schedule, delete_scheduled),
+    components(schemas(ErrorBody, Left, QueueAnswer, RoomView, LiveView, DrawView, PassAsk, PassView, SettingsPatch, QueueState, ChallengeMode, Access, BatchAsk, CodesMade, Report, BatchView, Batch, Redemption, Queueing, RateMode, ScheduleAsk, ScheduleView, Scheduled, Applied)),
     modifiers(&Security),
 )]
 struct ApiDoc;

@@ -14,7 +14,7 @@ use redis::{AsyncCommands, Script, Value};
 use redisconn::{Conn, Options, Target};
 
 use crate::gate::Payment;
-use crate::room::{Batch, Counts, QueueState, Settings, SettingsPatch};
+use crate::room::{Applied, Batch, Counts, QueueState, SCHEDULE_MAX, Scheduled, Settings, SettingsPatch};
 
 /// Why a Redis call did not give an answer.
 #[derive(Debug, thiserror::Error)]
@@ -37,10 +37,10 @@ pub struct QueueKeys {
 }
 
 /// The keys every queue script receives, in this order (the scripts' headers list them).
-const KEY_NAMES: [&str; 24] = [
+const KEY_NAMES: [&str; 26] = [
     "settings", "seq", "head", "places", "who", "joined", "seen", "active", "skipped", "batches", "stats", "waits",
     "pre", "prelist", "shuffle", "spent", "networks", "codes", "uses", "holders", "later", "laterwho", "left",
-    "health",
+    "health", "schedule", "applied",
 ];
 
 impl QueueKeys {
@@ -52,7 +52,7 @@ impl QueueKeys {
         format!("{}{name}", self.base)
     }
 
-    /// All twenty-four keys, in script order.
+    /// All twenty-six keys, in script order.
     pub fn all(&self) -> Vec<String> {
         KEY_NAMES.iter().map(|name| self.key(name)).collect()
     }
@@ -87,6 +87,11 @@ pub struct LogEntry {
 /// A field of a stream entry (`[field, value, field, value, ...]`).
 fn stream_field<'a>(fields: &'a [String], name: &str) -> Option<&'a String> {
     fields.chunks(2).find(|f| f[0] == name).and_then(|f| f.get(1))
+}
+
+/// Entries stored as JSON; one that does not read (written by another version) is left out.
+fn parse_all<T: serde::de::DeserializeOwned>(raw: &[String]) -> Vec<T> {
+    raw.iter().filter_map(|r| serde_json::from_str(r).ok()).collect()
 }
 
 /// Raw log entries as XRANGE gives them: `[[id, [field, value, ...]], ...]`.
@@ -190,6 +195,7 @@ struct Scripts {
     pass: Script,
     free: Script,
     adapt: Script,
+    schedule: Script,
 }
 
 impl Scripts {
@@ -204,6 +210,7 @@ impl Scripts {
             pass: Script::new(include_str!("../../lua/queue_pass.lua")),
             free: Script::new(include_str!("../../lua/queue_free.lua")),
             adapt: Script::new(include_str!("../../lua/queue_adapt.lua")),
+            schedule: Script::new(include_str!("../../lua/queue_schedule_take.lua")),
         }
     }
 }
@@ -311,6 +318,8 @@ pub struct Snapshot {
     pub new_skipped: Vec<u64>,
     /// Fans who left at or after the `left_since` asked for: account, when (ms).
     pub new_left: Vec<(String, u64)>,
+    /// The room's scheduled changes still to apply, earliest first.
+    pub schedule: Vec<Scheduled>,
     pub redis_ms: u64,
 }
 
@@ -613,6 +622,65 @@ impl QueueStore {
         }
     }
 
+    /// Adds a change to `event`'s schedule; `Ok(false)`, and nothing added, when it holds
+    /// [`SCHEDULE_MAX`] already.
+    pub async fn schedule_add(&self, event: i64, change: &Scheduled) -> Result<bool, StoreError> {
+        let key = self.keys(event).key("schedule");
+        let mut conn = self.conn.clone();
+        let waiting: usize = self.run(conn.zcard(&key)).await?;
+        if waiting >= SCHEDULE_MAX {
+            return Ok(false);
+        }
+        let member = serde_json::to_string(change).map_err(|e| StoreError::Reply(e.to_string()))?;
+        let _: i64 = self.run(conn.zadd(&key, member, change.at.saturating_mul(1000))).await?;
+        self.replicate(event, false).await?;
+        Ok(true)
+    }
+
+    /// `event`'s schedule: the changes waiting, earliest first, and the last applied, latest first.
+    pub async fn schedule(&self, event: i64) -> Result<(Vec<Scheduled>, Vec<Applied>), StoreError> {
+        let k = self.keys(event);
+        let mut conn = self.conn.clone();
+        let (waiting, applied): (Vec<String>, Vec<String>) = self
+            .run(redis::pipe().zrange(k.key("schedule"), 0, -1).lrange(k.key("applied"), 0, -1).query_async(&mut conn))
+            .await?;
+        Ok((parse_all(&waiting), parse_all(&applied)))
+    }
+
+    /// Removes the waiting change `id` from `event`'s schedule: whether it was there.
+    pub async fn schedule_cancel(&self, event: i64, id: &str) -> Result<bool, StoreError> {
+        let key = self.keys(event).key("schedule");
+        let mut conn = self.conn.clone();
+        let waiting: Vec<String> = self.run(conn.zrange(&key, 0, -1)).await?;
+        let Some(member) = waiting.iter().find(|m| serde_json::from_str::<Scheduled>(m).is_ok_and(|c| c.id == id))
+        else {
+            return Ok(false);
+        };
+        let removed: i64 = self.run(conn.zrem(&key, member)).await?;
+        Ok(removed == 1)
+    }
+
+    /// Claims the changes of `event`'s schedule whose time has come (`lua/queue_schedule_take.lua`), earliest
+    /// first: this node is to apply them, or [`Self::schedule_add`] them back.
+    pub async fn schedule_take_due(&self, event: i64) -> Result<Vec<Scheduled>, StoreError> {
+        let mut inv = self.script(&self.scripts.schedule, event);
+        inv.arg(SCHEDULE_MAX);
+        let mut conn = self.conn.clone();
+        let due: Vec<String> = self.run(inv.invoke_async(&mut conn)).await?;
+        Ok(parse_all(&due))
+    }
+
+    /// Records a scheduled change as applied (the last fifty are kept).
+    pub async fn schedule_applied(&self, event: i64, applied: &Applied) -> Result<(), StoreError> {
+        let key = self.keys(event).key("applied");
+        let entry = serde_json::to_string(applied).map_err(|e| StoreError::Reply(e.to_string()))?;
+        let mut conn = self.conn.clone();
+        let () = self
+            .run(redis::pipe().lpush(&key, entry).ignore().ltrim(&key, 0, 49).ignore().query_async(&mut conn))
+            .await?;
+        Ok(())
+    }
+
     /// Admits `account` at once on a sponsor pass (`lua/queue_pass.lua`), spending the pass `id` until
     /// `expires_at_ms`.
     pub async fn admit_pass(
@@ -870,7 +938,8 @@ impl QueueStore {
             .lrange(k.key("waits"), 0, -1)
             .zrangebyscore(k.key("batches"), format!("({last_to}"), "+inf")
             .zrangebyscore(k.key("skipped"), format!("({last_skipped}"), "+inf")
-            .zrangebyscore_withscores(k.key("left"), left_since, "+inf");
+            .zrangebyscore_withscores(k.key("left"), left_since, "+inf")
+            .zrange(k.key("schedule"), 0, -1);
         type Reply = (
             (u64, u64),
             HashMap<String, String>,
@@ -883,9 +952,10 @@ impl QueueStore {
             Vec<String>,
             Vec<u64>,
             Vec<(String, u64)>,
+            Vec<String>,
         );
         let mut conn = self.conn.clone();
-        let (time, settings, seq, head, stats, active, prequeue, waits_ms, batches, skipped, left): Reply =
+        let (time, settings, seq, head, stats, active, prequeue, waits_ms, batches, skipped, left, schedule): Reply =
             self.run(pipe.query_async(&mut conn)).await?;
         let stat = |name: &str| stats.get(name).and_then(|v| v.parse().ok()).unwrap_or(0);
         let new_batches = batches.iter().map(|m| Batch::parse(m).ok_or_else(|| StoreError::Reply(m.clone())));
@@ -906,6 +976,7 @@ impl QueueStore {
             new_batches: new_batches.collect::<Result<_, _>>()?,
             new_skipped: skipped,
             new_left: left,
+            schedule: parse_all(&schedule),
             redis_ms: time.0 * 1000 + time.1 / 1000,
         })
     }

@@ -20,8 +20,8 @@ use pingora::services::background::BackgroundService;
 use tokens::{AccountId, AdmissionClaims, Keyring};
 
 use crate::limits::{Limits, NODE_ALIVE};
-use crate::room::{ChallengeMode, HeldBack, History, Left, Live, Outflow, QueueState, RateMode, Room, Rooms};
-use crate::store::{Freed, FreedBy, LazyStore, QueueStore, Stepped, StoreError};
+use crate::room::{Applied, ChallengeMode, HeldBack, History, Left, Live, Outflow, QueueState, RateMode, Room, Rooms};
+use crate::store::{Configured, Freed, FreedBy, LazyStore, QueueStore, StateChange, Stepped, StoreError};
 use crate::upstreams::Upstreams;
 
 /// The background service.
@@ -307,6 +307,14 @@ impl Ticker {
 
     /// One room's step and read; a quiet room is only read (its settings may have changed on another node).
     async fn tick_event(&self, store: &QueueStore, event: i64, quiet: bool) -> Result<(), StoreError> {
+        // Quiet or not: a room before its sale has nobody in it, and its schedule opens it.
+        let due = self
+            .rooms
+            .get(event)
+            .is_some_and(|r| r.live.schedule.first().is_some_and(|c| c.at * 1000 <= r.live.now_ms()));
+        if due {
+            self.apply_schedule(store, event).await?;
+        }
         // A quiet room's difficulty comes down too.
         if self.rooms.get(event).is_some_and(|r| r.live.settings.challenge == ChallengeMode::Auto) {
             store.tune_challenge(event).await?;
@@ -335,6 +343,28 @@ impl Ticker {
             let seed = crate::room::shuffle::seed_from(rand::random());
             let change = store.set_state(event, QueueState::Open, seed, Some(QueueState::Prequeue)).await?;
             tracing::info!(event, ?change, "pre-queue opening time reached");
+        }
+        refresh(store, &self.rooms, event).await
+    }
+}
+
+impl Ticker {
+    /// Applies the changes of `event`'s schedule whose time has come, earliest first, as an operator's `PUT`
+    /// would. One this node could not apply goes back in the schedule for the next tick.
+    async fn apply_schedule(&self, store: &QueueStore, event: i64) -> Result<(), StoreError> {
+        for change in store.schedule_take_due(event).await? {
+            let seed = crate::room::shuffle::seed_from(rand::random());
+            let outcome = match store.configure(event, &change.set, seed).await {
+                Ok(Configured { change: Some(StateChange::Refused(_)), .. }) => "state_change_refused",
+                Ok(_) => "applied",
+                Err(e) => {
+                    store.schedule_add(event, &change).await?;
+                    return Err(e);
+                }
+            };
+            tracing::info!(event, id = change.id, at = change.at, outcome, "scheduled change applied");
+            let applied = Applied { change, applied_at: tokens::unix_now(), outcome: outcome.to_owned() };
+            store.schedule_applied(event, &applied).await?;
         }
         refresh(store, &self.rooms, event).await
     }
@@ -372,6 +402,7 @@ pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<()
         median_wait_ms: waits.get(waits.len() / 2).copied(),
         admitted_last_minute,
         outflow,
+        schedule: snap.schedule,
         redis_ms: snap.redis_ms,
         read_at: Instant::now(),
     };

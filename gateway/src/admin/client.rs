@@ -48,6 +48,16 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
             (*event, client.post(format!("{base}/admin/events/{event}/passes")).json(&ask))
         }
         AdminAction::Set { event, patch } => (*event, client.put(format!("{base}/admin/events/{event}")).json(patch)),
+        AdminAction::Schedule { event, list: true, .. } => {
+            (*event, client.get(format!("{base}/admin/events/{event}/schedule")))
+        }
+        AdminAction::Schedule { event, cancel: Some(id), .. } => {
+            (*event, client.delete(format!("{base}/admin/events/{event}/schedule/{id}")))
+        }
+        AdminAction::Schedule { event, at, patch, .. } => {
+            let ask = json!({ "at": at, "set": patch });
+            (*event, client.post(format!("{base}/admin/events/{event}/schedule")).json(&ask))
+        }
     };
     let request = request.bearer_auth(token);
     // A 503 says the queue's store did not answer (a Redis restarting, a connection being made again): the same
@@ -66,6 +76,10 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
         attempt += 1;
     };
     let status = response.status();
+    if status == reqwest::StatusCode::NO_CONTENT {
+        eprintln!("done");
+        return Ok(());
+    }
     let body: Value = response.json().await.unwrap_or_else(|_| json!({ "error": "non-JSON answer" }));
     if !status.is_success() {
         bail!("{status}: {} ({})", body["message"].as_str().unwrap_or("no message"), body["error"]);

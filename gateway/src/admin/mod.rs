@@ -24,7 +24,10 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use crate::codes::{BatchAsk, BatchError};
-use crate::room::{Access, ChallengeMode, Freshness, QueueState, Queueing, RateMode, Rooms, Settings, SettingsPatch};
+use crate::room::{
+    Access, Applied, ChallengeMode, Freshness, QueueState, Queueing, RateMode, Rooms, SCHEDULE_MAX, Scheduled,
+    Settings, SettingsPatch,
+};
 use crate::store::{LazyStore, StateChange};
 
 /// The admin service.
@@ -80,6 +83,8 @@ fn router(state: Arc<AdminState>) -> Router {
         .route("/admin/events/{event}/draw", get(get_draw))
         .route("/admin/events/{event}/passes", axum::routing::post(post_pass))
         .route("/admin/events/{event}/codes", get(get_codes).post(post_codes))
+        .route("/admin/events/{event}/schedule", get(get_schedule).post(post_schedule))
+        .route("/admin/events/{event}/schedule/{change}", axum::routing::delete(delete_scheduled))
         .route("/admin/signin-codes", axum::routing::post(post_signin_code))
         .route("/metrics", get(|| async { telemetry::prometheus().render() }))
         .route("/healthz", get(|| async { axum::Json(json!({ "status": "ok" })) }))
@@ -204,6 +209,9 @@ pub struct RoomView {
     /// `adaptive`: why the rate is what it is (booking's answers over the last seconds, against the targets).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_reason: Option<String>,
+    /// The changes the room's schedule still holds, earliest first (from this node's view; GET only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub schedule: Vec<Scheduled>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveView>,
     /// PUT only: pre-queue places drawn by this change.
@@ -242,6 +250,7 @@ impl RoomView {
             target_503_percent: s.target_503_percent,
             rate_in_force: s.rate(),
             rate_reason: s.rate_reason.clone().filter(|_| s.rate_mode == RateMode::Adaptive),
+            schedule: Vec::new(),
             live: None,
             drawn: None,
         }
@@ -317,6 +326,7 @@ async fn get_room(
             head: live.counts.head,
             view_age_ms: live.read_at.elapsed().as_millis() as u64,
         }),
+        schedule: live.schedule.clone(),
         ..RoomView::new(event, &live.settings)
     };
     Ok(axum::Json(view).into_response())
@@ -448,6 +458,84 @@ async fn get_codes(
     room_exists(store, event).await?;
     let report = store.codes_report(event).await.map_err(|_| unavailable())?;
     Ok(axum::Json(report).into_response())
+}
+
+/// A change to schedule: `set` at `at`.
+#[derive(Debug, Clone, serde::Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleAsk {
+    /// When it applies: Unix seconds (a time passed applies at once).
+    #[schema(maximum = 4_102_444_800_u64)]
+    pub at: u64,
+    /// The change, as `PUT /admin/events/{event_id}` takes it.
+    pub set: SettingsPatch,
+}
+
+/// A room's schedule: what waits, and what was applied lately.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScheduleView {
+    pub event_id: i64,
+    /// The changes waiting, earliest first.
+    pub waiting: Vec<Scheduled>,
+    /// The last fifty applied, latest first.
+    pub applied: Vec<Applied>,
+}
+
+/// `POST /admin/events/{event}/schedule`: a change of the room's settings at a time of its own.
+async fn post_schedule(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    body: Bytes,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let ask: ScheduleAsk = json_body(&body, "invalid_schedule")?;
+    if ask.at > 4_102_444_800 {
+        return Err(error(StatusCode::UNPROCESSABLE_ENTITY, "setting_out_of_range", "at must be before 2100"));
+    }
+    ask.set.validate().map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, e.code(), &e.to_string()))?;
+    let store = state.store.get().map_err(|_| unavailable())?;
+    room_exists(store, event).await?;
+    let change = Scheduled { id: format!("{:016x}", rand::random::<u64>()), at: ask.at, set: ask.set };
+    let added = store.schedule_add(event, &change).await.map_err(|e| {
+        tracing::warn!(error = %e, event, "could not schedule a change");
+        unavailable()
+    })?;
+    if !added {
+        let message = format!("this room has {SCHEDULE_MAX} changes waiting: cancel one first");
+        return Err(error(StatusCode::CONFLICT, "schedule_full", &message));
+    }
+    tracing::info!(event, id = change.id, at = change.at, set = ?change.set, "change scheduled");
+    Ok((StatusCode::CREATED, axum::Json(change)).into_response())
+}
+
+/// `GET /admin/events/{event}/schedule`.
+async fn get_schedule(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let store = state.store.get().map_err(|_| unavailable())?;
+    room_exists(store, event).await?;
+    let (waiting, applied) = store.schedule(event).await.map_err(|_| unavailable())?;
+    Ok(axum::Json(ScheduleView { event_id: event, waiting, applied }).into_response())
+}
+
+/// `DELETE /admin/events/{event}/schedule/{change}`: cancels a change still waiting.
+async fn delete_scheduled(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path((raw, change)): Path<(String, String)>,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let store = state.store.get().map_err(|_| unavailable())?;
+    room_exists(store, event).await?;
+    if !store.schedule_cancel(event, &change).await.map_err(|_| unavailable())? {
+        return Err(error(StatusCode::NOT_FOUND, "change_not_found", "no such change waits in this room's schedule"));
+    }
+    tracing::info!(event, id = change, "scheduled change cancelled");
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `POST /admin/signin-codes` `{"account_token"}`: a demo sign-in code for that account token, good once for

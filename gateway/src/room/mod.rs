@@ -398,87 +398,133 @@ impl Settings {
 #[serde(deny_unknown_fields)]
 pub struct SettingsPatch {
     /// `prequeue`, `open`, `paused` or `closed` (`sold_out` is the gateway's to set).
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub state: Option<QueueState>,
     /// Fans admitted per minute (the rate of `fixed`), 1 to 1,000,000.
     #[schema(minimum = 1, maximum = 1_000_000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub admit_per_minute: Option<u32>,
     /// Most fans admitted within one session window, 1 to 10,000,000.
     #[schema(minimum = 1, maximum = 10_000_000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub max_active: Option<u32>,
     /// How long an admission lasts, 10 to 86,400 seconds.
     #[schema(minimum = 10, maximum = 86_400)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub session_seconds: Option<u32>,
     /// A waiting fan not seen for this long is skipped when its turn comes, 5 to 86,400 seconds.
     #[schema(minimum = 5, maximum = 86_400)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub abandon_after_seconds: Option<u32>,
     /// When the pre-queue opens: Unix seconds (`+N` on the command line: N seconds from now); 0 clears it.
     #[schema(maximum = 4_102_444_800_u64)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long, value_parser = unix_time_arg)]
     pub opens_at: Option<u64>,
     /// `on`: a new place costs a solved proof-of-work challenge; `auto`: the same, at a difficulty that
     /// follows the surge; `off`: an account token is enough.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub challenge: Option<ChallengeMode>,
     /// The most hashes a challenge can take, 1,000 to 100,000,000 (a solver needs half on average); with
     /// `auto`, where the difficulty starts from.
     #[schema(minimum = 1_000, maximum = 100_000_000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub challenge_difficulty: Option<u32>,
     /// `auto`'s lowest difficulty, 1,000 to 100,000,000.
     #[schema(minimum = 1_000, maximum = 100_000_000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub challenge_min_difficulty: Option<u32>,
     /// `auto`'s highest difficulty, 1,000 to 100,000,000.
     #[schema(minimum = 1_000, maximum = 100_000_000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub challenge_max_difficulty: Option<u32>,
     /// How often `auto` decides, 1 to 3,600 seconds.
     #[schema(minimum = 1, maximum = 3600)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub challenge_window_seconds: Option<u32>,
     /// Answer forged or spent solutions as a waiting fan that never advances, instead of refusing them.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub infinite_queue_for_failed: Option<bool>,
     /// Most places one client network (address prefix) is given in the room, 0 to 10,000,000; 0: no cap.
     #[schema(maximum = 10_000_000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub places_per_network: Option<u32>,
     /// `public`, `code_required` (a presale: only code holders join) or `codes_first` (code holders are
     /// admitted ahead of everyone who joined without one).
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub access: Option<Access>,
     /// `fifo` (in queue order at the rate), `passthrough` (at once up to `max_active`, then in order) or
     /// `reject` (at once while there is room; otherwise new fans are turned away).
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub queueing: Option<Queueing>,
     /// `true`: nobody is let in while the room stays open (fans join and keep their places); `false` resumes.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub queue_all: Option<bool>,
     /// `fixed` (`admit_per_minute`) or `adaptive` (between the floor and the ceiling, following booking's
     /// answers against the targets below).
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub rate_mode: Option<RateMode>,
     /// `adaptive`'s lowest rate, 1 to 1,000,000 fans per minute.
     #[schema(minimum = 1, maximum = 1_000_000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub rate_floor: Option<u32>,
     /// `adaptive`'s highest rate, 1 to 1,000,000 fans per minute.
     #[schema(minimum = 1, maximum = 1_000_000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub rate_ceiling: Option<u32>,
     /// `adaptive`'s target for booking's 99th percentile answer time, 10 to 600,000 ms.
     #[schema(minimum = 10, maximum = 600_000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub target_p99_ms: Option<u32>,
     /// `adaptive`'s target for booking's share of 503 answers, 0 to 100 percent.
     #[schema(maximum = 100)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub target_503_percent: Option<u32>,
+}
+
+/// Most changes one room's schedule holds waiting.
+pub const SCHEDULE_MAX: usize = 100;
+
+/// A change of a room's settings at a time of its own (the room's schedule).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Scheduled {
+    /// Names the change, to cancel it.
+    pub id: String,
+    /// When it applies, Unix seconds (on every node within a second of it).
+    pub at: u64,
+    /// The change, as `PUT /admin/events/{id}` takes it.
+    pub set: SettingsPatch,
+}
+
+/// A scheduled change once applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Applied {
+    #[serde(flatten)]
+    pub change: Scheduled,
+    /// When it was applied, Unix seconds.
+    pub applied_at: u64,
+    /// `applied`, or why it was not (`state_change_refused`: back to prequeue after places were given).
+    pub outcome: String,
 }
 
 /// Why a settings change was refused (a 422 with this code).
@@ -609,6 +655,8 @@ pub struct Live {
     pub admitted_last_minute: u64,
     /// What a full room's ETAs are made of (see [`Live::eta_seconds`]).
     pub outflow: Outflow,
+    /// The room's scheduled changes still to apply, earliest first.
+    pub schedule: Vec<Scheduled>,
     /// Redis's clock at the refresh, Unix ms.
     pub redis_ms: u64,
     /// When this node read it.

@@ -7,6 +7,7 @@ fn live(state: QueueState, seq: u64, head: u64) -> Live {
         median_wait_ms: None,
         admitted_last_minute: 0,
         outflow: Outflow::default(),
+        schedule: Vec::new(),
         redis_ms: 1_000_000,
         read_at: Instant::now(),
     }

@@ -147,6 +147,9 @@ async fn adaptive_settings_are_checked() {
     assert!(crossed.body["message"].as_str().is_some_and(|m| m.contains("rate_floor is above")), "{}", crossed.text);
     let mode = put(json!({"rate_mode": "fastest"})).await;
     assert!(matches!(mode.status, 400 | 422), "{}", mode.text);
+    // A node whose view is not read yet answers 503 for a while; then: no such room.
+    let read = testkit::eventually(Duration::from_secs(5), async || a.room(403).await.status != 503).await;
+    assert!(read, "the node's view is never read");
     assert_eq!(a.room(403).await.status, 404, "nothing was configured");
     upstream.stop().await;
 }

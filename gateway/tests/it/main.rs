@@ -13,4 +13,5 @@ mod queue;
 mod queueing;
 mod replication;
 mod resharding;
+mod schedule;
 mod seatmap;
