@@ -1,6 +1,6 @@
 -- queue_join: give an account its one place in an event's queue, or in its pre-queue before the opening.
 --
--- KEYS (the same twenty-six for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-seven for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
 --                                                   challenge (on, auto: a new place costs a solved challenge),
@@ -45,6 +45,7 @@
 --             {"closed", state}                 the queue takes nobody (state closed or sold_out)
 --             {"opening"}                       the pre-queue's opening time has passed: open it, then join again
 --             {"pre", count}                    in the pre-queue (count = how many are in it)
+--             {"pool", count}                   in a lottery room's pool for its next draw (count in it)
 --             {"place", place, head, fresh}     the account's place (fresh = 1 if given now)
 --             {"later", number, position}       in the line behind the code holders: number in that line, and
 --                                               the position (every queue place waiting comes first)
@@ -59,6 +60,7 @@
 -- none is answered only with a place the account already holds; a solved challenge is spent by the first join
 -- that gives or returns a place with it (a refusal spends nothing). Each network (address prefix) is given at
 -- most places_per_network places in a room, counted as they are given.
+-- A `lottery` room gives no place at the join: the fan enters the pool its next draw places (queue_draw.lua).
 -- A `reject` room gives a new place only to a fan who can go in at once (open, a free slot, nobody waiting);
 -- any other is turned away ({"no_places"}), before anything is spent.
 -- Presale codes (access code_required or codes_first): a code is redeemed by the join that gives or returns a
@@ -198,6 +200,33 @@ if held(place, head) then
   redeemed()
   redis.call('ZADD', KEYS[7], now, account)
   return {'place', place, head, 0}
+end
+if s[7] == 'lottery' then
+  -- Into the pool for the next draw (queue_draw.lua), or already in it.
+  local member = redis.call('SISMEMBER', KEYS[13], account) == 1
+  if not member then
+    if required then
+      return {'code_required'}
+    end
+    if gated and nonce == '' then
+      return {'challenge'}
+    end
+    if full() then
+      return {'network_full', cap}
+    end
+  end
+  if not pay() then
+    return {'spent'}
+  end
+  redeemed()
+  redis.call('ZADD', KEYS[7], now, account)
+  if not member then
+    redis.call('SADD', KEYS[13], account)
+    redis.call('RPUSH', KEYS[14], account)
+    redis.call('HSET', KEYS[6], account, now)
+    counted()
+  end
+  return {'pool', redis.call('SCARD', KEYS[13])}
 end
 local lhead = tonumber(redis.call('HGET', KEYS[11], 'later_head') or '0')
 local later = tonumber(redis.call('HGET', KEYS[21], account) or '0')

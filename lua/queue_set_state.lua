@@ -7,7 +7,7 @@
 -- so anyone can recompute every place (gateway/src/shuffle.rs does, and a test checks it against this script).
 -- Live joiners get places after the drawn ones, because joins see `prequeue` until this script has run.
 --
--- KEYS (the same twenty-six for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-seven for every queue script, built by gateway/src/store.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)
@@ -77,6 +77,8 @@ if state == 'prequeue' and (target == 'open' or target == 'paused') then
   end
   redis.call('SET', KEYS[2], base + n)
   redis.call('HSET', KEYS[15], 'seed', ARGV[2], 'count', n, 'base', base, 'at_ms', now)
+  -- A lottery's pool starts after the accounts drawn here.
+  redis.call('HSET', KEYS[11], 'pool_from', n)
   redis.call('DEL', KEYS[13])
   drawn = n
 end

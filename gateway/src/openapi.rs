@@ -9,7 +9,9 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use crate::admin::{CodesMade, DrawView, LiveView, PassAsk, PassView, RoomView, ScheduleAsk, ScheduleView};
+use crate::admin::{
+    CodesMade, DrawView, LiveView, LotteryDrawView, PassAsk, PassView, RoomView, ScheduleAsk, ScheduleView,
+};
 use crate::codes::{Batch, BatchAsk, BatchView, Redemption, Report};
 use crate::edge::queue::QueueAnswer;
 use crate::room::{Access, Applied, ChallengeMode, QueueState, Queueing, RateMode, Scheduled, SettingsPatch};
@@ -251,14 +253,35 @@ fn get_schedule() {}
     ))]
 fn delete_scheduled() {}
 
+/// A lottery room's draws, oldest first: each with its seed, its pool in join order and the places it gave, so
+/// anyone can recompute them (admin listener).
+#[utoipa::path(get, path = "/admin/events/{event_id}/lottery", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, body = LotteryDraws),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ))]
+fn get_lottery() {}
+
+/// What `GET /admin/events/{event_id}/lottery` answers.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct LotteryDraws {
+    event_id: i64,
+    algorithm: String,
+    draws: Vec<LotteryDrawView>,
+}
+
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Waiting-room gateway API", description = "The waiting room on the public listener, the admin \
         API on the admin listener. `/events/{event_id}/...` is forwarded to booking (see booking's document) with \
         an admission proof; `/events/{event_id}/seats/status` and `/seats/layout/{catalogue_version}` without \
         one, under the per-IP limit."),
-    paths(join, leave, solver, status, page, seat_stream, healthz, get_room, put_room, post_pass, post_codes, get_codes, get_draw, post_schedule, get_schedule, delete_scheduled),
-    components(schemas(ErrorBody, Left, QueueAnswer, RoomView, LiveView, DrawView, PassAsk, PassView, SettingsPatch, QueueState, ChallengeMode, Access, BatchAsk, CodesMade, Report, BatchView, Batch, Redemption, Queueing, RateMode, ScheduleAsk, ScheduleView, Scheduled, Applied)),
+    paths(join, leave, solver, status, page, seat_stream, healthz, get_room, put_room, post_pass, post_codes, get_codes, get_draw, post_schedule, get_schedule, delete_scheduled, get_lottery),
+    components(schemas(ErrorBody, Left, QueueAnswer, RoomView, LiveView, DrawView, PassAsk, PassView, SettingsPatch, QueueState, ChallengeMode, Access, BatchAsk, CodesMade, Report, BatchView, Batch, Redemption, Queueing, RateMode, ScheduleAsk, ScheduleView, Scheduled, Applied, LotteryDraws, LotteryDrawView)),
     modifiers(&Security),
 )]
 struct ApiDoc;

@@ -37,10 +37,10 @@ pub struct QueueKeys {
 }
 
 /// The keys every queue script receives, in this order (the scripts' headers list them).
-const KEY_NAMES: [&str; 26] = [
+const KEY_NAMES: [&str; 27] = [
     "settings", "seq", "head", "places", "who", "joined", "seen", "active", "skipped", "batches", "stats", "waits",
     "pre", "prelist", "shuffle", "spent", "networks", "codes", "uses", "holders", "later", "laterwho", "left",
-    "health", "schedule", "applied",
+    "health", "schedule", "applied", "draws",
 ];
 
 impl QueueKeys {
@@ -52,7 +52,7 @@ impl QueueKeys {
         format!("{}{name}", self.base)
     }
 
-    /// All twenty-six keys, in script order.
+    /// All twenty-seven keys, in script order.
     pub fn all(&self) -> Vec<String> {
         KEY_NAMES.iter().map(|name| self.key(name)).collect()
     }
@@ -196,6 +196,7 @@ struct Scripts {
     free: Script,
     adapt: Script,
     schedule: Script,
+    draw: Script,
 }
 
 impl Scripts {
@@ -211,6 +212,7 @@ impl Scripts {
             free: Script::new(include_str!("../../lua/queue_free.lua")),
             adapt: Script::new(include_str!("../../lua/queue_adapt.lua")),
             schedule: Script::new(include_str!("../../lua/queue_schedule_take.lua")),
+            draw: Script::new(include_str!("../../lua/queue_draw.lua")),
         }
     }
 }
@@ -236,6 +238,8 @@ pub enum Joined {
     NetworkFull { cap: u64 },
     /// A `reject` room has no room now (or fans wait): the fan is turned away, nothing was done.
     NoPlaces,
+    /// In a `lottery` room's pool for its next draw, with `count` fans.
+    Pool { count: u64 },
     /// In the line behind the code holders (a `codes_first` room, joined without a code): `number` in that
     /// line, at `position` (every queue place waiting comes first).
     Later { number: u64, position: u64 },
@@ -575,6 +579,7 @@ impl QueueStore {
             Some("spent") => Joined::Spent,
             Some("network_full") => Joined::NetworkFull { cap: number(&p, 1)? },
             Some("no_places") => Joined::NoPlaces,
+            Some("pool") => Joined::Pool { count: number(&p, 1)? },
             Some("later") => Joined::Later { number: number(&p, 1)?, position: number(&p, 2)? },
             Some("code_required") => Joined::Code(CodeRefusal::Required),
             Some("code_unknown") => Joined::Code(CodeRefusal::Unknown),
@@ -971,6 +976,8 @@ impl QueueStore {
                 later_seq: stat("later_seq"),
                 later_head: stat("later_head"),
                 freed_total: stat("freed_total"),
+                last_draw_ms: stat("last_draw_ms"),
+                next_draw_ms: stat("next_draw_ms"),
             },
             waits_ms,
             new_batches: new_batches.collect::<Result<_, _>>()?,
@@ -1007,6 +1014,7 @@ impl QueueStore {
             ("rate_ceiling", patch.rate_ceiling),
             ("target_p99_ms", patch.target_p99_ms),
             ("target_503_percent", patch.target_503_percent),
+            ("draw_every_seconds", patch.draw_every_seconds),
         ];
         fields.extend(numbers.iter().filter_map(|(name, v)| v.map(|v| (*name, v.to_string()))));
         if let Some(at) = patch.opens_at {
@@ -1201,12 +1209,57 @@ impl QueueStore {
                 redis::pipe().atomic().hgetall(k.key("shuffle")).lrange(k.key("prelist"), 0, -1).query_async(&mut conn),
             )
             .await?;
+        // A lottery's pools follow the pre-queue's accounts in the list.
+        let count = shuffle.get("count").map_or(join_order.len(), |&n| n as usize);
         Ok(shuffle.get("seed").map(|&seed| Draw {
             seed,
             base: shuffle.get("base").copied().unwrap_or(0),
             at_ms: shuffle.get("at_ms").copied().unwrap_or(0),
-            join_order,
+            join_order: join_order.into_iter().take(count).collect(),
         }))
+    }
+
+    /// A `lottery` room's draw step (`lua/queue_draw.lua`): how many places it drew now, if it drew.
+    pub async fn draw_lottery(&self, event: i64, seed: u64) -> Result<Option<u64>, StoreError> {
+        let mut inv = self.script(&self.scripts.draw, event);
+        inv.arg(seed);
+        let mut conn = self.conn.clone();
+        let p = parts(self.run(inv.invoke_async(&mut conn)).await?)?;
+        match p.first().map(String::as_str) {
+            Some("idle" | "waiting") => Ok(None),
+            Some("drawn") => Ok(Some(number(&p, 1)?)),
+            _ => Err(StoreError::Reply(p.join(" "))),
+        }
+    }
+
+    /// A `lottery` room's recorded draws, oldest first, each with the pool it drew in join order.
+    pub async fn lottery_draws(&self, event: i64) -> Result<Vec<Draw>, StoreError> {
+        let k = self.keys(event);
+        let mut conn = self.conn.clone();
+        let (records, join_order): (Vec<String>, Vec<String>) = self
+            .run(
+                redis::pipe()
+                    .atomic()
+                    .lrange(k.key("draws"), 0, -1)
+                    .lrange(k.key("prelist"), 0, -1)
+                    .query_async(&mut conn),
+            )
+            .await?;
+        records
+            .iter()
+            .map(|r| {
+                let n: Vec<u64> = r.split(':').filter_map(|p| p.parse().ok()).collect();
+                let [seed, from, count, base, at_ms] = n[..] else { return Err(StoreError::Reply(r.clone())) };
+                let pool = join_order.iter().skip(from as usize).take(count as usize).cloned().collect();
+                Ok(Draw { seed, base, at_ms, join_order: pool })
+            })
+            .collect()
+    }
+
+    /// Whether `account` waits in `event`'s pool (a lottery's next draw, or the pre-queue).
+    pub async fn in_pool(&self, event: i64, account: &str) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        self.run(conn.sismember(self.keys(event).key("pre"), account)).await
     }
 
     /// The accounts at places `base + 1 ..= base + n`, in place order (from the place -> account record).

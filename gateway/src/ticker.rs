@@ -20,7 +20,9 @@ use pingora::services::background::BackgroundService;
 use tokens::{AccountId, AdmissionClaims, Keyring};
 
 use crate::limits::{Limits, NODE_ALIVE};
-use crate::room::{Applied, ChallengeMode, HeldBack, History, Left, Live, Outflow, QueueState, RateMode, Room, Rooms};
+use crate::room::{
+    Applied, ChallengeMode, HeldBack, History, Left, Live, Outflow, QueueState, Queueing, RateMode, Room, Rooms,
+};
 use crate::store::{Configured, Freed, FreedBy, LazyStore, QueueStore, StateChange, Stepped, StoreError};
 use crate::upstreams::Upstreams;
 
@@ -314,6 +316,21 @@ impl Ticker {
             .is_some_and(|r| r.live.schedule.first().is_some_and(|c| c.at * 1000 <= r.live.now_ms()));
         if due {
             self.apply_schedule(store, event).await?;
+        }
+        // A lottery draws on its own clock, and a room that stopped being one draws the pool it left.
+        let drawing = self.rooms.get(event).is_some_and(|r| {
+            let live = &r.live;
+            live.settings.state == QueueState::Open
+                && (live.settings.queueing == Queueing::Lottery || live.counts.prequeue > 0)
+        });
+        if drawing {
+            let seed = crate::room::shuffle::seed_from(rand::random());
+            if let Some(drawn) = store.draw_lottery(event, seed).await? {
+                tracing::info!(event, drawn, "lottery drawn");
+                if quiet {
+                    return refresh(store, &self.rooms, event).await;
+                }
+            }
         }
         // A quiet room's difficulty comes down too.
         if self.rooms.get(event).is_some_and(|r| r.live.settings.challenge == ChallengeMode::Auto) {

@@ -83,8 +83,15 @@ pub fn settings_bodies() -> impl proptest::strategy::Strategy<Value = serde_json
         (0u64..100_000).prop_map(|n| json!(n)),
         any::<f64>().prop_map(|f| json!(f)),
         prop_oneof![Just("open"), Just("paused"), Just("closed"), Just("sold_out"), Just("")].prop_map(|s| json!(s)),
-        prop_oneof![Just("fixed"), Just("adaptive"), Just("fifo"), Just("passthrough"), Just("reject")]
-            .prop_map(|s| json!(s)),
+        prop_oneof![
+            Just("fixed"),
+            Just("adaptive"),
+            Just("fifo"),
+            Just("passthrough"),
+            Just("reject"),
+            Just("lottery")
+        ]
+        .prop_map(|s| json!(s)),
         any::<bool>().prop_map(|b| json!(b)),
         "[ -~]{0,10}".prop_map(|s| json!(s)),
         Just(Value::Null),
@@ -100,6 +107,7 @@ pub fn settings_bodies() -> impl proptest::strategy::Strategy<Value = serde_json
         Just("rate_mode"),
         Just("queueing"),
         Just("queue_all"),
+        Just("draw_every_seconds"),
         Just("rate_floor"),
         Just("rate_ceiling"),
         Just("target_p99_ms"),

@@ -81,6 +81,7 @@ fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/admin/events/{event}", get(get_room).put(put_room))
         .route("/admin/events/{event}/draw", get(get_draw))
+        .route("/admin/events/{event}/lottery", get(get_lottery))
         .route("/admin/events/{event}/passes", axum::routing::post(post_pass))
         .route("/admin/events/{event}/codes", get(get_codes).post(post_codes))
         .route("/admin/events/{event}/schedule", get(get_schedule).post(post_schedule))
@@ -278,6 +279,9 @@ pub struct LiveView {
     pub eta_error: Option<crate::room::EtaError>,
     pub places_given: u64,
     pub head: u64,
+    /// A lottery's next draw (RFC 3339); its pool is `prequeue`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_draw_at: Option<String>,
     /// How old this node's view is.
     pub view_age_ms: u64,
 }
@@ -296,6 +300,47 @@ pub struct DrawView {
     /// The account at each drawn place, in place order.
     pub places: Vec<Option<String>>,
 }
+
+/// One recorded lottery draw: its pool in join order, the seed, and the places it gave.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LotteryDrawView {
+    pub seed: u64,
+    /// Drawn places are base + 1 ..= base + n.
+    pub base: u64,
+    pub drawn_at_ms: u64,
+    /// The pool, in the order its fans joined.
+    pub join_order: Vec<String>,
+    /// The account at each drawn place, in place order.
+    pub places: Vec<Option<String>>,
+}
+
+/// `GET /admin/events/{event}/lottery`: every draw of a lottery room, oldest first, each recomputable as the
+/// pre-queue's draw is.
+async fn get_lottery(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let store = state.store.get().map_err(|_| unavailable())?;
+    room_exists(store, event).await?;
+    let draws = store.lottery_draws(event).await.map_err(|_| unavailable())?;
+    let mut views = Vec::with_capacity(draws.len());
+    for draw in draws {
+        let n = draw.join_order.len() as u64;
+        let places = store.accounts_at(event, draw.base, n).await.map_err(|_| unavailable())?;
+        views.push(LotteryDrawView {
+            seed: draw.seed,
+            base: draw.base,
+            drawn_at_ms: draw.at_ms,
+            join_order: draw.join_order,
+            places,
+        });
+    }
+    Ok(axum::Json(json!({ "event_id": event, "algorithm": DRAW_ALGORITHM, "draws": views })).into_response())
+}
+
+const DRAW_ALGORITHM: &str = "fisher-yates over the join order, driven by x <- x * 48271 mod 2147483647 from the seed";
 
 async fn get_room(
     State(state): State<Arc<AdminState>>,
@@ -324,6 +369,8 @@ async fn get_room(
             eta_error: room.etas.lock().ok().and_then(|log| log.summary()),
             places_given: live.counts.seq,
             head: live.counts.head,
+            next_draw_at: (live.counts.next_draw_ms > 0 && live.settings.queueing == Queueing::Lottery)
+                .then(|| crate::room::rfc3339(live.counts.next_draw_ms.div_ceil(1000))),
             view_age_ms: live.read_at.elapsed().as_millis() as u64,
         }),
         schedule: live.schedule.clone(),
@@ -583,7 +630,7 @@ async fn get_draw(
     let places = store.accounts_at(event, draw.base, draw.join_order.len() as u64).await.map_err(|_| unavailable())?;
     let view = DrawView {
         event_id: event,
-        algorithm: "fisher-yates over the join order, driven by x <- x * 48271 mod 2147483647 from the seed".into(),
+        algorithm: DRAW_ALGORITHM.into(),
         seed: draw.seed,
         base: draw.base,
         drawn_at_ms: draw.at_ms,

@@ -51,6 +51,14 @@ pub struct QueueAnswer {
     /// When the pre-queue opens by itself (RFC 3339).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub opens_at: Option<String>,
+    /// In a `lottery` room's pool: the next draw gives the fan a random place. Present (true) only then.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub in_draw: bool,
+    /// When the next draw is (RFC 3339), and how many fans are in its pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draw_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draw_pool: Option<u64>,
     /// The signed queue ticket (also set as the `wr_queue_{event_id}` cookie): present on a join, and when a
     /// poll hands out a new one (a pre-queue place drawn).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -99,6 +107,9 @@ impl QueueAnswer {
             poll_after_ms: 5000,
             prequeue_size: None,
             opens_at: None,
+            in_draw: false,
+            draw_at: None,
+            draw_pool: None,
             ticket: None,
             admission_token: None,
             admitted_at: None,
@@ -322,7 +333,10 @@ impl Queue {
                 return Reply::unavailable();
             }
         };
-        let given = matches!(joined, Joined::Place { .. } | Joined::Prequeue { .. } | Joined::Later { .. });
+        let given = matches!(
+            joined,
+            Joined::Place { .. } | Joined::Prequeue { .. } | Joined::Later { .. } | Joined::Pool { .. }
+        );
         if gated && payment.is_some() && given {
             record_gate("solved");
         }
@@ -348,6 +362,10 @@ impl Queue {
                     json!({ "places_per_network": cap }),
                 )
                 .header("retry-after", "60".into())
+            }
+            Joined::Pool { count } => {
+                let ticket = self.ticket(&account, event, 0);
+                self.with_ticket(self.pool_body(event, count), event, &ticket).into()
             }
             Joined::NoPlaces => Reply::error(
                 409,
@@ -597,6 +615,23 @@ impl Queue {
         })
     }
 
+    /// A fan in a lottery room's pool: no place until the next draw, which this node's view times.
+    fn pool_body(&self, event: i64, count: u64) -> Placed {
+        let room = self.rooms.get(event);
+        let next_ms = room.as_ref().map(|r| r.live.counts.next_draw_ms).filter(|&ms| ms > 0);
+        let now_ms = room.as_ref().map_or(unix_now() * 1000, |r| r.live.now_ms());
+        let eta = next_ms.map(|at| at.saturating_sub(now_ms).div_ceil(1000));
+        let settings = room.map_or(room::Settings::DEFAULT, |r| r.live.settings.clone());
+        Placed::from(QueueAnswer {
+            in_draw: true,
+            draw_at: next_ms.map(|ms| rfc3339(ms.div_ceil(1000))),
+            draw_pool: Some(count),
+            eta_seconds: eta,
+            poll_after_ms: room::poll_after_ms(&settings, eta, jitter()),
+            ..QueueAnswer::new(event, "waiting")
+        })
+    }
+
     fn waiting(&self, event: i64, settings: &room::Settings, position: u64) -> Placed {
         let state = match settings.state {
             QueueState::Open | QueueState::Prequeue => "waiting",
@@ -789,10 +824,22 @@ impl Queue {
             answer.body.behind_code_holders = true;
             return answer.into();
         }
+        let counts = &room.live.counts;
+        if ticket.place == 0 && ticket.later == 0 && ticket.iat * 1000 > counts.last_draw_ms + 1000 {
+            let lottery = room.live.settings.queueing == room::Queueing::Lottery;
+            if lottery && room.live.settings.state == QueueState::Open {
+                // Joined a lottery's pool after its last draw: still in it, as this node's view has the room.
+                return self.pool_body(event, counts.prequeue).into();
+            }
+        }
         if ticket.place == 0 && room.live.settings.state != QueueState::Prequeue {
-            // The pre-queue was drawn, or the line behind the code holders reached this fan: learn its place once,
-            // and hand out a ticket that carries it.
+            // The pre-queue or a lottery's pool was drawn, or the line behind the code holders reached this fan:
+            // learn its place once, and hand out a ticket that carries it.
             let Ok(store) = self.store.get() else { return Reply::unavailable() };
+            if ticket.later == 0 && store.in_pool(event, ticket.sub.as_str()).await.unwrap_or(false) {
+                // In a pool not drawn yet (joined in the second of the last draw, or while the room was paused).
+                return self.pool_body(event, counts.prequeue).into();
+            }
             return match store.place_of(event, ticket.sub.as_str()).await {
                 Ok(Some(place)) => {
                     let new_ticket = self.ticket(&ticket.sub, event, place);

@@ -133,6 +133,9 @@ pub enum Queueing {
     /// At once while there is room and nobody waits; otherwise a new fan is turned away (409 `no_places`).
     /// Fans who hold a place keep it.
     Reject,
+    /// A fan who joins enters a pool; every `draw_every_seconds` everyone in it gets a random place behind the
+    /// places given before, from a recorded, recomputable draw; then in queue order at the rate.
+    Lottery,
 }
 
 impl Queueing {
@@ -141,6 +144,7 @@ impl Queueing {
             Queueing::Fifo => "fifo",
             Queueing::Passthrough => "passthrough",
             Queueing::Reject => "reject",
+            Queueing::Lottery => "lottery",
         }
     }
 
@@ -149,6 +153,7 @@ impl Queueing {
             "fifo" => Some(Queueing::Fifo),
             "passthrough" => Some(Queueing::Passthrough),
             "reject" => Some(Queueing::Reject),
+            "lottery" => Some(Queueing::Lottery),
             _ => None,
         }
     }
@@ -257,6 +262,8 @@ pub struct Settings {
     pub queueing: Queueing,
     /// Admission stopped while the room stays open: fans join and keep their places, nobody is let in.
     pub queue_all: bool,
+    /// `lottery`: seconds between draws.
+    pub draw_every_seconds: u32,
     /// Whether the rate is the operators' or follows booking.
     pub rate_mode: RateMode,
     /// `adaptive`'s bounds on the rate, fans per minute.
@@ -291,6 +298,7 @@ impl Settings {
         access: Access::Public,
         queueing: Queueing::Fifo,
         queue_all: false,
+        draw_every_seconds: 60,
         rate_mode: RateMode::Fixed,
         rate_floor: 60,
         rate_ceiling: 6000,
@@ -315,13 +323,13 @@ impl Settings {
     /// lets fans in as fast as slots allow.
     pub fn pace_per_minute(&self) -> f64 {
         match self.queueing {
-            Queueing::Fifo => f64::from(self.rate()),
+            Queueing::Fifo | Queueing::Lottery => f64::from(self.rate()),
             Queueing::Passthrough | Queueing::Reject => f64::INFINITY,
         }
     }
 
     /// The Redis hash's fields, as [`Self::from_hash`] reads them.
-    pub fn fields(&self) -> [(&'static str, String); 25] {
+    pub fn fields(&self) -> [(&'static str, String); 26] {
         let held = self.all_held.unwrap_or_default();
         [
             ("state", self.state.as_str().to_owned()),
@@ -344,6 +352,7 @@ impl Settings {
             ("access", self.access.as_str().to_owned()),
             ("queueing", self.queueing.as_str().to_owned()),
             ("queue_all", u8::from(self.queue_all).to_string()),
+            ("draw_every_seconds", self.draw_every_seconds.to_string()),
             ("rate_mode", self.rate_mode.as_str().to_owned()),
             ("rate_floor", self.rate_floor.to_string()),
             ("rate_ceiling", self.rate_ceiling.to_string()),
@@ -382,6 +391,7 @@ impl Settings {
             access: hash.get("access").map_or(Some(Access::Public), |a| Access::parse(a))?,
             queueing: hash.get("queueing").map_or(Some(Queueing::Fifo), |q| Queueing::parse(q))?,
             queue_all: num("queue_all") == Some(1),
+            draw_every_seconds: small("draw_every_seconds").unwrap_or(Settings::DEFAULT.draw_every_seconds),
             rate_mode: hash.get("rate_mode").map_or(Some(RateMode::Fixed), |m| RateMode::parse(m))?,
             rate_floor: small("rate_floor").unwrap_or(Settings::DEFAULT.rate_floor),
             rate_ceiling: small("rate_ceiling").unwrap_or(Settings::DEFAULT.rate_ceiling),
@@ -466,8 +476,9 @@ pub struct SettingsPatch {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub access: Option<Access>,
-    /// `fifo` (in queue order at the rate), `passthrough` (at once up to `max_active`, then in order) or
-    /// `reject` (at once while there is room; otherwise new fans are turned away).
+    /// `fifo` (in queue order at the rate), `passthrough` (at once up to `max_active`, then in order),
+    /// `reject` (at once while there is room; otherwise new fans are turned away) or `lottery` (joiners wait in
+    /// a pool that a recorded draw places at random every `draw_every_seconds`).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub queueing: Option<Queueing>,
@@ -475,6 +486,11 @@ pub struct SettingsPatch {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub queue_all: Option<bool>,
+    /// `lottery`'s seconds between draws, 5 to 3,600.
+    #[schema(minimum = 5, maximum = 3600)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub draw_every_seconds: Option<u32>,
     /// `fixed` (`admit_per_minute`) or `adaptive` (between the floor and the ceiling, following booking's
     /// answers against the targets below).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -563,7 +579,7 @@ impl SettingsPatch {
             return Err(PatchError::SoldOutIsNotSettable);
         }
         let (easiest, hardest) = DIFFICULTY_RANGE;
-        let ranges: [(&'static str, Option<u32>, u64, u64); 13] = [
+        let ranges: [(&'static str, Option<u32>, u64, u64); 14] = [
             ("admit_per_minute", self.admit_per_minute, 1, 1_000_000),
             ("max_active", self.max_active, 1, 10_000_000),
             ("session_seconds", self.session_seconds, 10, 86_400),
@@ -577,6 +593,7 @@ impl SettingsPatch {
             ("rate_ceiling", self.rate_ceiling, 1, 1_000_000),
             ("target_p99_ms", self.target_p99_ms, 10, 600_000),
             ("target_503_percent", self.target_503_percent, 0, 100),
+            ("draw_every_seconds", self.draw_every_seconds, 5, 3600),
         ];
         for (field, value, min, max) in ranges {
             if let Some(v) = value
@@ -642,6 +659,9 @@ pub struct Counts {
     pub later_head: u64,
     /// Slots freed before their session ended: orders paid, fans who left.
     pub freed_total: u64,
+    /// A lottery's last draw and the next, Redis's clock (ms; 0: none).
+    pub last_draw_ms: u64,
+    pub next_draw_ms: u64,
 }
 
 /// The queue figures of one refresh, replaced whole each time.

@@ -161,3 +161,90 @@ async fn queue_all_stops_admission_without_closing_the_room() {
     assert!(first.body.get("queue_all").is_none(), "{}", first.text);
     upstream.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lottery_places_each_pool_at_random_by_a_recorded_draw() {
+    let upstream = Upstream::start().await;
+    let p = prefix();
+    let a = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let b = GatewayProcess::start(Node::new(upstream.addr, &p)).await;
+    let event = 505;
+    let settings = json!({"state": "open", "queueing": "lottery", "draw_every_seconds": 5, "admit_per_minute": 60000,
+                          "max_active": 1, "abandon_after_seconds": 600});
+    a.configure(event, settings).await;
+    b.wait_for_room(event).await;
+
+    // Twelve fans join at once: each is in the pool, told when the draw is, with no place yet.
+    let fans: Vec<String> = (0..12).map(|i| format!("lot-{i}")).collect();
+    let names: Vec<&str> = fans.iter().map(String::as_str).collect();
+    let joined = all_join([&a, &b], event, &names).await;
+    for r in &joined {
+        assert_eq!(
+            (r.status, r.body["state"].as_str(), r.body["in_draw"].as_bool()),
+            (200, Some("waiting"), Some(true)),
+            "{}",
+            r.text
+        );
+        assert!(r.body["position"].is_null(), "{}", r.text);
+    }
+    // A poll is answered from the node's view of the room, which has the pool and the draw's time once read.
+    let told = testkit::eventually(Duration::from_secs(3), async || {
+        let polled = b.status(event, &joined[0].ticket()).await;
+        polled.body["in_draw"] == true && polled.body["draw_at"].is_string() && polled.body["draw_pool"] == 12
+    })
+    .await;
+    assert!(told, "{}", b.status(event, &joined[0].ticket()).await.text);
+    assert_eq!(admitted_total(&a, event).await, 0, "nobody goes in before the draw");
+
+    // The draw: every fan gets a place, one goes in (one slot), and every node's view has it.
+    for node in [&a, &b] {
+        let drawn = testkit::eventually(Duration::from_secs(12), async || {
+            node.room(event).await.body["live"]["places_given"].as_u64() == Some(12)
+        })
+        .await;
+        assert!(drawn, "{}", node.room(event).await.text);
+    }
+    let mut positions = Vec::new();
+    for (i, r) in joined.iter().enumerate() {
+        let s = if i % 2 == 0 { &a } else { &b }.status(event, &r.ticket()).await;
+        assert!(s.body["ticket"].is_string(), "a new ticket with the place drawn: {}", s.text);
+        match s.body["state"].as_str() {
+            Some("admitted") => positions.push(0),
+            Some("waiting") => positions.push(s.body["position"].as_u64().expect("position")),
+            _ => panic!("{}", s.text),
+        }
+    }
+    positions.sort_unstable();
+    assert_eq!(positions, (0..12).collect::<Vec<u64>>(), "one in, eleven in line, each at its own position");
+
+    // The draw is recorded and recomputes: the pool in join order, shuffled from the seed, gives the places.
+    let url = format!("{}/admin/events/{event}/lottery", a.admin);
+    let record = a.send(a.client.get(url).bearer_auth(ADMIN_TOKEN)).await;
+    let draw = &record.body["draws"][0];
+    let join_order: Vec<String> = serde_json::from_value(draw["join_order"].clone()).expect("join order");
+    let places: Vec<Option<String>> = serde_json::from_value(draw["places"].clone()).expect("places");
+    let mut pool = join_order.clone();
+    pool.sort();
+    let mut everyone = fans.clone();
+    everyone.sort();
+    assert_eq!(pool, everyone, "{}", record.text);
+    let recomputed = gateway::room::shuffle::draw(join_order, draw["seed"].as_u64().expect("seed"));
+    assert_eq!(recomputed.into_iter().map(Some).collect::<Vec<_>>(), places, "{}", record.text);
+
+    // A fan who joins now waits for the next draw.
+    let late = b.join(event, "lot-late").await;
+    assert_eq!(
+        (late.body["in_draw"].as_bool(), late.body["draw_pool"].as_u64()),
+        (Some(true), Some(1)),
+        "{}",
+        late.text
+    );
+    // The room goes back to FIFO: the pool left in it is drawn at once, not stranded.
+    a.configure(event, json!({"queueing": "fifo"})).await;
+    let placed = testkit::eventually(Duration::from_secs(5), async || {
+        a.status(event, &late.ticket()).await.body["position"].as_u64() == Some(12)
+    })
+    .await;
+    assert!(placed, "{}", a.status(event, &late.ticket()).await.text);
+    upstream.stop().await;
+}
