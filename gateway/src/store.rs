@@ -1083,15 +1083,22 @@ impl QueueStore {
     /// Records whether every seat left is held or awaiting payment, and what may come back when (`all_held`
     /// and `held_*` in the room's settings): the admission step admits nobody while it is, and every node
     /// reads it with the room.
-    pub async fn set_all_held(&self, event: i64, held: Option<crate::room::HeldBack>) -> Result<(), StoreError> {
+    /// `ending`: the last seats are selling.
+    pub async fn set_all_held(
+        &self,
+        event: i64,
+        held: Option<crate::room::HeldBack>,
+        ending: bool,
+    ) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
         let key = self.keys(event).key("settings");
-        let fields = match held {
+        let mut fields = match held {
             Some(h) => {
                 vec![("all_held", 1), ("held_seats", h.seats), ("held_next_release", h.next_release_ms.unwrap_or(0))]
             }
             None => vec![("all_held", 0)],
         };
+        fields.push(("ending", u64::from(ending)));
         let () = self.run(conn.hset_multiple(key, &fields)).await?;
         Ok(())
     }

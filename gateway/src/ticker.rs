@@ -5,7 +5,8 @@
 //! stepped a few at once, so the rooms that accumulate over months cost the live ones little. Every
 //! second or so it also asks booking what each room's event has left: it sets the room's state to `sold_out`
 //! (or back to `open` when seats return), and marks the room `all_held` while every seat left is held (the
-//! admission step admits nobody then; the seat map's lapse step brings seats back as holds run out).
+//! admission step admits nobody then; the seat map's lapse step brings seats back as holds run out), and
+//! `ending` while the last seats sell (fans poll more often, to hear of the sell-out soon).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -129,6 +130,8 @@ struct BookingAvailability {
     /// Seats neither sold nor held (absent from a booking that does not count them: never all held).
     #[serde(default)]
     seats_available: Option<u64>,
+    #[serde(default)]
+    seats_on_sale: u64,
     /// Sold seats whose order is still inside its payment window.
     #[serde(default)]
     seats_awaiting_payment: u64,
@@ -144,6 +147,11 @@ impl BookingAvailability {
     /// Sold out for the waiting room: every seat paid. Seats awaiting payment may still come back.
     fn sold_out(&self) -> bool {
         self.sold_out && self.seats_awaiting_payment == 0
+    }
+
+    /// The last seats are selling: at most a twentieth of the seats on sale (and at least 50) are free.
+    fn ending(&self) -> bool {
+        !self.sold_out() && self.seats_available.is_some_and(|free| free <= (self.seats_on_sale / 20).max(50))
     }
 
     /// What may come back, while nothing is free and the event is not sold out.
@@ -207,10 +215,11 @@ impl Ticker {
             Some((status, _)) => return tracing::debug!(event, status, "booking's availability refused"),
             None => return,
         };
-        let held = answer.held_back();
-        if held != room.live.settings.all_held {
-            match store.set_all_held(event, held).await {
-                Ok(()) => tracing::info!(event, ?held, "booking reported what is left to hold"),
+        let (held, ending) = (answer.held_back(), answer.ending());
+        let settings = &room.live.settings;
+        if held != settings.all_held || ending != settings.ending {
+            match store.set_all_held(event, held, ending).await {
+                Ok(()) => tracing::info!(event, ?held, ending, "booking reported what is left to hold"),
                 Err(e) => tracing::warn!(event, error = %e, "could not record that every seat left is held"),
             }
         }

@@ -126,7 +126,7 @@ async fn wait_for_turn(
                 return Ok(Some(proof));
             }
             Some("sold_out") | Some("closed") => {
-                Stats::add(&run.stats.sold_out_told);
+                run.stats.told_sold_out(run.started.elapsed());
                 turn.outcome = TurnOutcome::Closed;
                 return Ok(None);
             }
@@ -412,7 +412,7 @@ async fn pay(
     let done = send(user, run, "pay", GooseMethod::Post, &pay_url, |b| b.json(&body), &[200]).await?;
     let paid = done.body["delivered"] == true && done.body["webhook_answer"]["outcome"] == "paid";
     if paid {
-        run.stats.paid(started.elapsed());
+        run.stats.paid(started.elapsed(), run.started.elapsed());
     } else {
         Stats::add(&run.stats.payment_failed);
     }

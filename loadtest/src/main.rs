@@ -430,6 +430,19 @@ fn render(s: &Summary, fans: usize) -> String {
             ),
         );
     }
+    if let Some(told) = &s.sold_out_told_after_last_sale_ms {
+        out = out.replace(
+            "| left the queue after --max-wait-seconds |",
+            &format!(
+                "| told sold out after the last payment, p50 / p95 / max | {:.1} / {:.1} / {:.1} s (n = {}) |
+                 | left the queue after --max-wait-seconds |",
+                told.p50 / 1000.0,
+                told.p95 / 1000.0,
+                told.max / 1000.0,
+                told.count
+            ),
+        );
+    }
     let ratio = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
     out = out.replace(
         "| gave up (no seats left to try) |",

@@ -144,6 +144,10 @@ struct Timings {
     payment_ms: Vec<u64>,
     admitted_at_ms: Vec<u64>,
     last_order_ms: u64,
+    /// When the last payment booking called paid came back, since the start (ms).
+    last_paid_ms: u64,
+    /// When each fan was told `sold_out`, since the start (ms).
+    sold_out_told_ms: Vec<u64>,
     statuses: BTreeMap<String, u64>,
     confirmed: Vec<Confirmed>,
     turns: Vec<Turn>,
@@ -211,9 +215,19 @@ impl Stats {
         self.with(|t| t.confirmed.push(order));
     }
 
-    pub fn paid(&self, took: Duration) {
+    /// A payment booking called paid, `took` long, coming back `since_start` into the run.
+    pub fn paid(&self, took: Duration, since_start: Duration) {
         Self::add(&self.paid);
-        self.with(|t| t.payment_ms.push(took.as_micros() as u64));
+        self.with(|t| {
+            t.payment_ms.push(took.as_micros() as u64);
+            t.last_paid_ms = t.last_paid_ms.max(since_start.as_millis() as u64);
+        });
+    }
+
+    /// A waiting fan was told the event is sold out, `since_start` into the run.
+    pub fn told_sold_out(&self, since_start: Duration) {
+        Self::add(&self.sold_out_told);
+        self.with(|t| t.sold_out_told_ms.push(since_start.as_millis() as u64));
     }
 
     /// Records where the run stands now, with the latencies since the last sample.
@@ -273,6 +287,8 @@ impl Stats {
             payment_ms: t.payment_ms.clone(),
             admitted_at_ms: t.admitted_at_ms.clone(),
             last_order_ms: t.last_order_ms,
+            last_paid_ms: t.last_paid_ms,
+            sold_out_told_ms: t.sold_out_told_ms.clone(),
             statuses: t.statuses.clone(),
             confirmed: Vec::new(),
             turns: Vec::new(),
@@ -332,6 +348,11 @@ impl Stats {
                 .first()
                 .map(|first| t.last_order_ms.saturating_sub(*first) as f64 / 1000.0),
             queue_wait_ms: Percentiles::of(t.queue_wait_ms),
+            // Fans told after the last sale, each as long after it as it took (a fan told sooner was told
+            // on a sale this run's fans did not see end: it counts as 0).
+            sold_out_told_after_last_sale_ms: (t.last_paid_ms > 0 && !t.sold_out_told_ms.is_empty()).then(|| {
+                Percentiles::of(t.sold_out_told_ms.iter().map(|at| at.saturating_sub(t.last_paid_ms) * 1000).collect())
+            }),
             eta_at_join: EtaError::of(&t.eta),
             eta_at_polls: EtaError::of(&t.eta_polls),
             hold_ms: Percentiles::of(t.hold_ms),
@@ -468,6 +489,9 @@ pub struct Summary {
     pub admissions_per_minute: Option<f64>,
     pub first_admission_to_last_order_seconds: Option<f64>,
     pub queue_wait_ms: Percentiles,
+    /// How long after the last payment each fan still waiting was told `sold_out`.
+    #[serde(default)]
+    pub sold_out_told_after_last_sale_ms: Option<Percentiles>,
     /// How far the wait promised at the join was from the wait each admitted fan had.
     #[serde(default)]
     pub eta_at_join: Option<EtaError>,

@@ -178,6 +178,8 @@ pub struct RoomView {
     /// While all held: how many seats may come back (held, or in orders awaiting payment).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seats_may_return: Option<u64>,
+    /// The last seats are selling (the gateway sets it from booking's availability): fans poll more often.
+    pub ending: bool,
     /// While all held: when the earliest hold or payment window ends (RFC 3339).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_release_at: Option<String>,
@@ -233,6 +235,7 @@ impl RoomView {
             version: s.version,
             all_held: s.all_held.is_some(),
             seats_may_return: s.all_held.map(|h| h.seats),
+            ending: s.ending,
             next_release_at: s.all_held.and_then(|h| h.next_release_ms).map(|ms| crate::room::rfc3339(ms / 1000)),
             challenge: s.challenge,
             challenge_difficulty: s.challenge_difficulty,

@@ -239,6 +239,9 @@ pub struct Settings {
     /// Every seat left is held or awaiting payment (set by the gateway from booking's availability, like
     /// `sold_out`): nobody is admitted until some come back. What may come back, and from when.
     pub all_held: Option<HeldBack>,
+    /// The last seats are selling (set by the gateway, like `all_held`): the sale may end any moment, so fans
+    /// poll more often.
+    pub ending: bool,
     /// Whether a new place costs a solved challenge.
     pub challenge: ChallengeMode,
     /// The most hashes a challenge can take to solve (uniform: half of it on average). With `auto`, the
@@ -288,6 +291,7 @@ impl Settings {
         opens_at_ms: None,
         version: 0,
         all_held: None,
+        ending: false,
         challenge: ChallengeMode::Off,
         challenge_difficulty: 40_000,
         challenge_min_difficulty: 40_000,
@@ -329,7 +333,7 @@ impl Settings {
     }
 
     /// The Redis hash's fields, as [`Self::from_hash`] reads them.
-    pub fn fields(&self) -> [(&'static str, String); 26] {
+    pub fn fields(&self) -> [(&'static str, String); 27] {
         let held = self.all_held.unwrap_or_default();
         [
             ("state", self.state.as_str().to_owned()),
@@ -342,6 +346,7 @@ impl Settings {
             ("all_held", u8::from(self.all_held.is_some()).to_string()),
             ("held_seats", held.seats.to_string()),
             ("held_next_release", held.next_release_ms.unwrap_or(0).to_string()),
+            ("ending", u8::from(self.ending).to_string()),
             ("challenge", self.challenge.as_str().to_owned()),
             ("challenge_difficulty", self.challenge_difficulty.to_string()),
             ("challenge_min_difficulty", self.challenge_min_difficulty.to_string()),
@@ -377,6 +382,7 @@ impl Settings {
                 seats: num("held_seats").unwrap_or(0),
                 next_release_ms: num("held_next_release").filter(|&ms| ms > 0),
             }),
+            ending: num("ending") == Some(1),
             // A room made before the gate existed has none of its fields: it has no challenge.
             challenge: hash.get("challenge").map_or(Some(ChallengeMode::Off), |c| ChallengeMode::parse(c))?,
             challenge_difficulty: small("challenge_difficulty").unwrap_or(Settings::DEFAULT.challenge_difficulty),
@@ -850,11 +856,18 @@ pub fn eta_seconds(settings: &Settings, position: u64, per_minute: f64) -> Optio
         .then(|| (position as f64 * 60.0 / per_minute).ceil() as u64)
 }
 
-/// How long a fan should wait before polling again: a quarter of its ETA, between 1 and 10 s, never more than a
+/// The longest pause between polls while the last seats sell or every seat left is held (before jitter).
+pub const ENDING_POLL_MS: u64 = 5000;
+
+/// How long a fan should wait before polling again: a quarter of its ETA, between 1 and 10 s (5 s while the
+/// last seats sell), never more than a
 /// quarter of the abandonment grace (so a polling fan is never taken for gone), spread by `jitter` in
 /// 0.8..1.2 so fans who joined together do not poll together.
 pub fn poll_after_ms(settings: &Settings, eta_seconds: Option<u64>, jitter: f64) -> u64 {
-    let ceiling = (u64::from(settings.abandon_after_seconds) * 250).clamp(1000, 10_000);
+    // While the last seats sell, or every seat left is held or awaiting payment, the sale may end at any moment:
+    // fans poll often enough to be told within ten seconds of the last sale.
+    let most = if settings.ending || settings.all_held.is_some() { ENDING_POLL_MS } else { 10_000 };
+    let ceiling = (u64::from(settings.abandon_after_seconds) * 250).clamp(1000, most);
     let base = eta_seconds.map_or(5000, |eta| eta * 250).clamp(1000, ceiling);
     (base as f64 * jitter.clamp(0.8, 1.2)) as u64
 }

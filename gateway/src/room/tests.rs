@@ -108,6 +108,17 @@ fn settings_read_from_redis_need_every_field() {
 }
 
 #[test]
+fn while_the_last_seats_sell_fans_poll_at_least_every_five_seconds() {
+    let open = Settings { abandon_after_seconds: 600, ..Settings::DEFAULT };
+    assert_eq!(poll_after_ms(&open, Some(3600), 1.0), 10_000);
+    let held = Settings { all_held: Some(HeldBack::default()), ..open.clone() };
+    assert_eq!(poll_after_ms(&held, None, 1.0), ENDING_POLL_MS);
+    assert!(poll_after_ms(&held, Some(3600), 1.2) <= 6000);
+    let ending = Settings { ending: true, ..open };
+    assert_eq!(poll_after_ms(&ending, Some(3600), 1.0), ENDING_POLL_MS);
+}
+
+#[test]
 fn the_rate_in_force_is_the_operators_or_the_adaptive_decision_within_its_bounds() {
     let fixed = Settings { admit_per_minute: 600, rate_in_force: Some(90), ..Settings::DEFAULT };
     assert_eq!(fixed.rate(), 600, "a fixed room ignores a decision left from adaptive");

@@ -624,6 +624,7 @@ async fn while_every_seat_left_is_held_nobody_is_admitted_and_waiting_fans_are_t
             "what may come back, and from when: {}",
             s.text
         );
+        assert!(s.body["poll_after_ms"].as_u64() <= Some(6000), "the sale may end any moment: {}", s.text);
     }
     assert_eq!(a.room(event).await.body["live"]["admitted_total"], 0);
 
