@@ -434,7 +434,7 @@ fn render(s: &Summary, fans: usize) -> String {
         out = out.replace(
             "| left the queue after --max-wait-seconds |",
             &format!(
-                "| told sold out after the last payment, p50 / p95 / max | {:.1} / {:.1} / {:.1} s (n = {}) |
+                "| told sold out after the last payment, p50 / p95 / max | {:.1} / {:.1} / {:.1} s (n = {}) |\n\
                  | left the queue after --max-wait-seconds |",
                 told.p50 / 1000.0,
                 told.p95 / 1000.0,
