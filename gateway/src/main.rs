@@ -144,14 +144,17 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     proxy.add_listener(listener);
     server.add_service(proxy);
     server.add_service(health_check);
-    let availability = (cfg.availability_poll_ms > 0).then(|| gateway::ticker::Availability {
-        upstreams: upstreams.clone(),
-        keyring: keyring.clone(),
-        every: Duration::from_millis(cfg.availability_poll_ms),
-    });
+    if cfg.availability_poll_ms > 0 {
+        let availability = gateway::ticker::Availability {
+            upstreams: upstreams.clone(),
+            keyring: keyring.clone(),
+            every: Duration::from_millis(cfg.availability_poll_ms),
+        };
+        let sell_out = gateway::ticker::SellOut { rooms: rooms.clone(), store: store.fork(), availability };
+        server.add_service(background_service("sell-out watch", sell_out));
+    }
     let ticker = Ticker {
         rooms: rooms.clone(),
-        availability,
         limits,
         store: store.fork(),
         every: cfg.tick(),

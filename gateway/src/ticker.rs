@@ -2,8 +2,11 @@
 //! room, flushes the polls this node served (one call), runs one admission step (any node may: the step is
 //! correct however many run it), opens a pre-queue whose time has come, and refreshes this node's view. A quiet
 //! room (nobody waiting, nothing polled: a past event's, say) is only read, twice a second, and rooms are
-//! stepped a few at once, so the rooms that accumulate over months cost the live ones little. Every
-//! second or so it also asks booking what each room's event has left: it sets the room's state to `sold_out`
+//! stepped a few at once, so the rooms that accumulate over months cost the live ones little. It also applies
+//! schedules, draws lotteries, decides adaptive rates and frees the slots of paid orders.
+//!
+//! The sell-out watch, a service of its own (so a booking that does not answer never stalls the ticker), asks
+//! booking every second or so what each room's event has left: it sets the room's state to `sold_out`
 //! (or back to `open` when seats return), and marks the room `all_held` while every seat left is held (the
 //! admission step admits nobody then; the seat map's lapse step brings seats back as holds run out), and
 //! `ending` while the last seats sell (fans poll more often, to hear of the sell-out soon).
@@ -30,7 +33,6 @@ use crate::upstreams::Upstreams;
 /// The background service.
 pub struct Ticker {
     pub rooms: Arc<Rooms>,
-    pub availability: Option<Availability>,
     pub limits: Arc<Limits>,
     pub store: LazyStore,
     pub every: Duration,
@@ -62,13 +64,10 @@ impl BackgroundService for Ticker {
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         let mut last_eviction = Instant::now();
-        let mut last_availability = Instant::now();
         let mut last_registration: Option<Instant> = None;
         let mut stepped = HashMap::new();
         // Where this node reads booking's order event stream from: its end when the node starts.
         let mut orders: Option<String> = None;
-        // Made here, inside this service's runtime, like the Redis connection.
-        let connector = Connector::new(None);
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
@@ -100,16 +99,85 @@ impl BackgroundService for Ticker {
                 }
                 Err(_) => {}
             }
-            if let Some(availability) = &self.availability
-                && last_availability.elapsed() >= availability.every
-            {
-                last_availability = Instant::now();
-                self.check_sold_out(availability, &connector).await;
-            }
             if last_eviction.elapsed() > Duration::from_secs(10) {
                 self.limits.evict_idle();
                 last_eviction = Instant::now();
             }
+        }
+    }
+}
+
+/// Asks booking, every `availability.every`, what each room's event has left, in a service of its own: an
+/// answer that does not come (booking stopped) holds up this loop only, never the ticker's admission steps and
+/// adaptive rate.
+pub struct SellOut {
+    pub rooms: Arc<Rooms>,
+    pub store: LazyStore,
+    pub availability: Availability,
+}
+
+#[async_trait]
+impl BackgroundService for SellOut {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut interval = tokio::time::interval(self.availability.every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Made here, inside this service's runtime, like the Redis connection.
+        let connector = Connector::new(None);
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            self.check_sold_out(&connector).await;
+        }
+    }
+}
+
+impl SellOut {
+    /// Moves open or paused rooms whose event booking reports sold out to `sold_out`, and back to `open` when
+    /// seats return; marks a room `all_held` while every seat left is held, and clears it when one comes back.
+    /// Failures are logged and retried at the next check.
+    async fn check_sold_out(&self, connector: &Connector) {
+        let (Ok(store), Ok(account)) = (self.store.get(), AccountId::parse("waiting-room")) else { return };
+        // A few rooms at once: one slow answer from booking does not hold up the rest, nor the next tick.
+        futures::stream::iter(self.rooms.events())
+            .for_each_concurrent(ROOMS_AT_ONCE, |event| self.check_room(connector, store, &account, event))
+            .await;
+    }
+
+    async fn check_room(&self, connector: &Connector, store: &QueueStore, account: &AccountId, event: i64) {
+        let Some(room) = self.rooms.get(event) else { return };
+        let state = room.live.settings.state;
+        if !matches!(state, QueueState::Open | QueueState::Paused | QueueState::SoldOut) {
+            return;
+        }
+        let availability = &self.availability;
+        let proof = availability.keyring.sign(&AdmissionClaims::new(account.clone(), event, tokens::unix_now(), 60));
+        let path = format!("/events/{event}/availability");
+        let answer = match availability.upstreams.get(connector, &path, &proof).await {
+            Some((200, body)) => match serde_json::from_slice::<BookingAvailability>(&body) {
+                Ok(answer) => answer,
+                Err(e) => return tracing::debug!(event, error = %e, "booking's availability unreadable"),
+            },
+            Some((status, _)) => return tracing::debug!(event, status, "booking's availability refused"),
+            None => return,
+        };
+        let (held, ending) = (answer.held_back(), answer.ending());
+        let settings = &room.live.settings;
+        if held != settings.all_held || ending != settings.ending {
+            match store.set_all_held(event, held, ending).await {
+                Ok(()) => tracing::info!(event, ?held, ending, "booking reported what is left to hold"),
+                Err(e) => tracing::warn!(event, error = %e, "could not record that every seat left is held"),
+            }
+        }
+        let target = match (answer.sold_out(), state) {
+            (true, QueueState::Open | QueueState::Paused) => QueueState::SoldOut,
+            (false, QueueState::SoldOut) => QueueState::Open,
+            _ => return,
+        };
+        match store.set_state(event, target, 1, Some(state)).await {
+            Ok(change) => tracing::info!(event, from = %state, to = %target, ?change, "booking reported availability"),
+            Err(e) => tracing::warn!(event, error = %e, "could not record the sell-out"),
         }
     }
 }
@@ -176,61 +244,6 @@ impl Ticker {
                 metrics::gauge!("gateway_nodes").set(f64::from(nodes));
             }
             Err(e) => tracing::debug!(error = %e, "could not register this gateway node; the limits' share stays"),
-        }
-    }
-
-    /// Moves open or paused rooms whose event booking reports sold out to `sold_out`, and back to `open` when
-    /// seats return; marks a room `all_held` while every seat left is held, and clears it when one comes back.
-    /// Failures are logged and retried at the next check.
-    async fn check_sold_out(&self, availability: &Availability, connector: &Connector) {
-        let (Ok(store), Ok(account)) = (self.store.get(), AccountId::parse("waiting-room")) else { return };
-        // A few rooms at once: one slow answer from booking does not hold up the rest, nor the next tick.
-        futures::stream::iter(self.rooms.events())
-            .for_each_concurrent(ROOMS_AT_ONCE, |event| {
-                self.check_room(availability, connector, store, &account, event)
-            })
-            .await;
-    }
-
-    async fn check_room(
-        &self,
-        availability: &Availability,
-        connector: &Connector,
-        store: &QueueStore,
-        account: &AccountId,
-        event: i64,
-    ) {
-        let Some(room) = self.rooms.get(event) else { return };
-        let state = room.live.settings.state;
-        if !matches!(state, QueueState::Open | QueueState::Paused | QueueState::SoldOut) {
-            return;
-        }
-        let proof = availability.keyring.sign(&AdmissionClaims::new(account.clone(), event, tokens::unix_now(), 60));
-        let path = format!("/events/{event}/availability");
-        let answer = match availability.upstreams.get(connector, &path, &proof).await {
-            Some((200, body)) => match serde_json::from_slice::<BookingAvailability>(&body) {
-                Ok(answer) => answer,
-                Err(e) => return tracing::debug!(event, error = %e, "booking's availability unreadable"),
-            },
-            Some((status, _)) => return tracing::debug!(event, status, "booking's availability refused"),
-            None => return,
-        };
-        let (held, ending) = (answer.held_back(), answer.ending());
-        let settings = &room.live.settings;
-        if held != settings.all_held || ending != settings.ending {
-            match store.set_all_held(event, held, ending).await {
-                Ok(()) => tracing::info!(event, ?held, ending, "booking reported what is left to hold"),
-                Err(e) => tracing::warn!(event, error = %e, "could not record that every seat left is held"),
-            }
-        }
-        let target = match (answer.sold_out(), state) {
-            (true, QueueState::Open | QueueState::Paused) => QueueState::SoldOut,
-            (false, QueueState::SoldOut) => QueueState::Open,
-            _ => return,
-        };
-        match store.set_state(event, target, 1, Some(state)).await {
-            Ok(change) => tracing::info!(event, from = %state, to = %target, ?change, "booking reported availability"),
-            Err(e) => tracing::warn!(event, error = %e, "could not record the sell-out"),
         }
     }
 
