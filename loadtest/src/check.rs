@@ -367,7 +367,7 @@ async fn admissions_within_bounds(target: &Target<'_>) -> anyhow::Result<Verdict
     let freed = stats.get("freed_total").and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     let number = |name: &str| settings.get(name).and_then(|v| v.parse::<f64>().ok());
     let (Some(rate), Some(max_active), Some(session)) =
-        (number("admit_per_minute"), number("max_active"), number("session_seconds"))
+        (rate_bound(&settings), number("max_active"), number("session_seconds"))
     else {
         return Ok(Verdict {
             name: "admissions within the rate and max_active",
@@ -467,13 +467,27 @@ fn every_waiting_fan_admitted(turns: &[Turn], chaos: bool) -> Verdict {
     Verdict { name: "every fan that kept its place was let in", problems, lost: true }
 }
 
-/// The room's admission rate, fans a minute, as Redis holds it now.
+/// The most fans a minute the room may admit, as Redis holds its settings now: `admit_per_minute`, or an
+/// adaptive room's ceiling; a room that lets fans in as fast as slots free (passthrough, reject) has no rate
+/// to keep (infinite: only `max_active` binds).
+fn rate_bound(settings: &HashMap<String, String>) -> Option<f64> {
+    let number = |name: &str| settings.get(name).and_then(|v| v.parse::<f64>().ok());
+    if let Some("passthrough" | "reject") = settings.get("queueing").map(String::as_str) {
+        return Some(f64::INFINITY);
+    }
+    match settings.get("rate_mode").map(String::as_str) {
+        Some("adaptive") => number("rate_ceiling"),
+        _ => number("admit_per_minute"),
+    }
+}
+
+/// The room's admission rate bound, fans a minute (see [`rate_bound`]).
 async fn room_rate(target: &Target<'_>) -> anyhow::Result<Option<f64>> {
     let mut conn = redis_conn(target.redis_url).await?;
     let key = format!("{}queue:{{ev{}}}:settings", target.redis_key_prefix, target.event);
-    let rate: Option<String> =
-        redis::cmd("HGET").arg(key).arg("admit_per_minute").query_async(&mut conn).await.context("room rate")?;
-    Ok(rate.and_then(|r| r.parse().ok()))
+    let settings: HashMap<String, String> =
+        redis::cmd("HGETALL").arg(key).query_async(&mut conn).await.context("room settings")?;
+    Ok(rate_bound(&settings))
 }
 
 /// The gateway's burst: 500 ms of the rate, at least one fan.

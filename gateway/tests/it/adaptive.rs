@@ -92,7 +92,8 @@ async fn booking_slowed_then_stopped_brings_the_rate_down_within_5_s_and_back_af
         assert!(room["rate_in_force"].as_u64() >= Some(floor), "{room}");
     }
 
-    // Booking stops answering: nothing comes back, and the rate goes to the floor.
+    // Booking stops answering, its availability too: nothing comes back, and the rate goes to the floor (the
+    // question of what is left, which waits on booking, holds up no decision).
     upstream.booking.stopped.store(true, SeqCst);
     upstream.booking.delay_ms.store(0, SeqCst);
     let stopped = Instant::now();

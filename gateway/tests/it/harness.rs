@@ -39,8 +39,8 @@ pub async fn cluster_node(addr: &str) -> redisconn::Conn {
 pub struct Booking {
     /// Every other answer waits this long first.
     pub delay_ms: AtomicU64,
-    /// Every other answer waits until this is false again (as a stopped process would), bounded by the
-    /// gateway's upstream timeout.
+    /// Every answer but the health check's waits until this is false again (as a stopped process would),
+    /// bounded by the gateway's upstream timeout.
     pub stopped: AtomicBool,
     pub sold_out: AtomicBool,
     /// Seats neither sold nor held.
@@ -54,6 +54,16 @@ pub struct Booking {
 }
 
 impl Booking {
+    /// Waits while stopped; bounded: the gateway gives up on the answer long before.
+    async fn until_running(&self) {
+        for _ in 0..6000 {
+            if !self.stopped.load(Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn availability(&self) -> String {
         let next = self.next_release.load(Ordering::SeqCst);
         let next = (next > 0).then(|| {
@@ -112,17 +122,12 @@ impl Upstream {
                         // The gateway's health check: answered, not counted.
                         r#"{"status":"ready"}"#.to_owned()
                     } else if uri.path().ends_with("/availability") {
+                        booking.until_running().await;
                         booking.availability()
                     } else {
                         let delay = booking.delay_ms.load(Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(delay)).await;
-                        // Bounded: the gateway gives up on the answer long before.
-                        for _ in 0..6000 {
-                            if !booking.stopped.load(Ordering::SeqCst) {
-                                break;
-                            }
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
+                        booking.until_running().await;
                         counter.fetch_add(1, Ordering::SeqCst);
                         r#"{"upstream":true}"#.to_owned()
                     };
