@@ -7,6 +7,7 @@
 --     percentile is over the target) or more than target_503_percent were 503s: the rate is halved, not below
 --     rate_floor (multiplicative decrease);
 --   * too few answers to judge, some of them slow or 503s: the rate stays;
+--   * within five seconds of the last cut: the rate stays (a window that short says little);
 --   * otherwise: the rate rises by a tenth of the range between floor and ceiling, not above rate_ceiling
 --     (additive increase: from the floor to the ceiling in ten seconds).
 -- The rate in force and the reason are written to the settings, where queue_admit reads them at its next step.
@@ -55,7 +56,8 @@ local last_ms = tonumber(last[1] or '')
 if last_ms and now >= last_ms and now - last_ms < 1000 then
   return {'waiting', rate}
 end
-local from = math.max(now - WINDOW_MS, tonumber(last[2] or '0') or 0)
+local cut = tonumber(last[2] or '0') or 0
+local from = math.max(now - WINDOW_MS, cut)
 local from_sec = math.floor(from / 1000)
 if from > now - WINDOW_MS then
   -- After a cut: the second it was made in holds answers from before it.
@@ -91,6 +93,10 @@ elseif answers >= MIN_ANSWERS and sum.u * 100 > answers * target_503 then
   reason = string.format('503s over %d%%: %d of %d answers', target_503, sum.u, answers)
 elseif answers < MIN_ANSWERS and (sum.s > 0 or sum.u > 0) then
   reason = string.format('too few answers to judge (%d, %d slow, %d 503s): holding', answers, sum.s, sum.u)
+elseif now - cut < WINDOW_MS then
+  -- Right after a cut the window holds only a moment of answers: a stall that comes and goes (requests given up
+  -- on, new ones sent) must not read as health. The rate rises again after a whole window without trouble.
+  reason = string.format('holding: cut %.1f s ago', (now - cut) / 1000)
 else
   next = math.min(ceiling, rate + math.max(1, math.ceil((ceiling - floor) / 10)))
   reason = string.format('booking within targets: %d answers, %d slower than %d ms, %d 503s', answers, sum.s,

@@ -103,8 +103,15 @@ async fn booking_slowed_then_stopped_brings_the_rate_down_within_5_s_and_back_af
         })
         .await;
     }
-    // Halved once a second: from the ceiling to the floor takes seven decisions.
-    rate_where(&a, event, Duration::from_secs(20), |rate, _| rate == floor).await;
+    // Halved once a second: from the ceiling to the floor takes seven decisions, and while booking stays stopped
+    // the rate never climbs in between (a stall that comes and goes as clients give up is still a stall).
+    let lowest = std::sync::atomic::AtomicU64::new(u64::MAX);
+    rate_where(&a, event, Duration::from_secs(20), |rate, reason| {
+        let before = lowest.fetch_min(rate, SeqCst);
+        assert!(rate <= before, "the rate rose from {before} to {rate} while booking was stopped ({reason})");
+        rate == floor
+    })
+    .await;
     let metric = format!("waiting_room_rate_in_force{{event=\"{event}\"}}");
     let at_floor = testkit::eventually(Duration::from_secs(3), async || b.metric(&metric).await == Some(floor)).await;
     assert!(at_floor, "node b's Prometheus shows the floor: {:?}", b.metric(&metric).await);
