@@ -1,9 +1,8 @@
 -- queue_draw: a `lottery` room's draw. Fans who join an open lottery room wait in the pool (the pre-queue's set
 -- and join-order list) instead of taking a place; every draw_every_seconds, by Redis's clock, everyone in the
 -- pool gets a random place behind every place given before, by the same recorded, recomputable shuffle as the
--- pre-queue's opening (queue_set_state.lua): a Fisher-Yates shuffle of the pool in join order, driven by the
--- Park-Miller generator x <- x * 48271 mod 2147483647 from the seed ARGV[1]. Each draw is recorded, so anyone
--- can recompute every place it gave. Any node may run it on every tick: a draw is made once per interval. A room
+-- pre-queue's opening (lib/queue_shuffle.lua, prepended): the pool in join order, shuffled from the seed
+-- ARGV[1]. Each draw is recorded, so anyone can recompute every place it gave. Any node may run it on every tick: a draw is made once per interval. A room
 -- that is open and no longer a lottery draws a pool left in it at once.
 --
 -- KEYS (the same twenty-seven for every queue script, built by gateway/src/store.rs `QueueKeys`; this one uses):
@@ -44,18 +43,7 @@ end
 local from = tonumber(st[2] or '0') or 0
 local order = redis.call('LRANGE', KEYS[14], from, -1)
 local n = #order
-local x = tonumber(ARGV[1])
-for i = n, 2, -1 do
-  x = (x * 48271) % 2147483647
-  local j = (x % i) + 1
-  order[i], order[j] = order[j], order[i]
-end
-local base = tonumber(redis.call('GET', KEYS[2]) or '0')
-for k = 1, n do
-  redis.call('HSET', KEYS[4], order[k], base + k)
-  redis.call('HSET', KEYS[5], base + k, order[k])
-end
-redis.call('SET', KEYS[2], base + n)
+local base = queue_shuffle_place(order, ARGV[1])
 redis.call('DEL', KEYS[13])
 redis.call('HSET', KEYS[11], 'pool_from', from + n, 'last_draw_ms', now)
 if lottery then

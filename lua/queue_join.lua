@@ -164,7 +164,8 @@ local function held(place, head)
   local admitted = tonumber(redis.call('ZSCORE', KEYS[8], account) or '0')
   return admitted > now - tonumber(s[2] or '0') * 1000
 end
-if state == 'prequeue' then
+-- Into the unordered pool (the pre-queue's, or a lottery's next draw), or already in it: answered as `kind`.
+local function enter_pool(kind)
   local member = redis.call('SISMEMBER', KEYS[13], account) == 1
   if not member then
     if required then
@@ -188,7 +189,10 @@ if state == 'prequeue' then
     redis.call('HSET', KEYS[6], account, now)
     counted()
   end
-  return {'pre', redis.call('SCARD', KEYS[13])}
+  return {kind, redis.call('SCARD', KEYS[13])}
+end
+if state == 'prequeue' then
+  return enter_pool('pre')
 end
 
 local head = tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -202,31 +206,8 @@ if held(place, head) then
   return {'place', place, head, 0}
 end
 if s[7] == 'lottery' then
-  -- Into the pool for the next draw (queue_draw.lua), or already in it.
-  local member = redis.call('SISMEMBER', KEYS[13], account) == 1
-  if not member then
-    if required then
-      return {'code_required'}
-    end
-    if gated and nonce == '' then
-      return {'challenge'}
-    end
-    if full() then
-      return {'network_full', cap}
-    end
-  end
-  if not pay() then
-    return {'spent'}
-  end
-  redeemed()
-  redis.call('ZADD', KEYS[7], now, account)
-  if not member then
-    redis.call('SADD', KEYS[13], account)
-    redis.call('RPUSH', KEYS[14], account)
-    redis.call('HSET', KEYS[6], account, now)
-    counted()
-  end
-  return {'pool', redis.call('SCARD', KEYS[13])}
+  -- The pool for the next draw (queue_draw.lua).
+  return enter_pool('pool')
 end
 local lhead = tonumber(redis.call('HGET', KEYS[11], 'later_head') or '0')
 local later = tonumber(redis.call('HGET', KEYS[21], account) or '0')

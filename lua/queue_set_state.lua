@@ -1,10 +1,9 @@
 -- queue_set_state: change an event's queue state, opening the pre-queue when it leaves `prequeue`.
 --
--- Opening draws the pre-queue's order: a Fisher-Yates shuffle of the accounts in join order (KEYS[14]),
--- driven by the Park-Miller generator x <- x * 48271 mod 2147483647 from the seed ARGV[2]:
---   for i = n down to 2: x <- next(x); j <- (x mod i) + 1; swap order[i], order[j]
--- Place base + k goes to order[k]. The seed, count and base are recorded (KEYS[15]) and the join order is kept,
--- so anyone can recompute every place (gateway/src/shuffle.rs does, and a test checks it against this script).
+-- Opening draws the pre-queue's order: the shuffle of lib/queue_shuffle.lua (prepended) over the accounts in
+-- join order (KEYS[14]) from the seed ARGV[2]; place base + k goes to order[k]. The seed, count and base are
+-- recorded (KEYS[15]) and the join order is kept, so anyone can recompute every place (gateway/src/room/shuffle.rs
+-- does, and a test checks it against this script).
 -- Live joiners get places after the drawn ones, because joins see `prequeue` until this script has run.
 --
 -- KEYS (the same twenty-seven for every queue script, built by gateway/src/store.rs `QueueKeys`):
@@ -64,18 +63,7 @@ if state == 'prequeue' and (target == 'open' or target == 'paused') then
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local order = redis.call('LRANGE', KEYS[14], 0, -1)
   local n = #order
-  local x = tonumber(ARGV[2])
-  for i = n, 2, -1 do
-    x = (x * 48271) % 2147483647
-    local j = (x % i) + 1
-    order[i], order[j] = order[j], order[i]
-  end
-  local base = tonumber(redis.call('GET', KEYS[2]) or '0')
-  for k = 1, n do
-    redis.call('HSET', KEYS[4], order[k], base + k)
-    redis.call('HSET', KEYS[5], base + k, order[k])
-  end
-  redis.call('SET', KEYS[2], base + n)
+  local base = queue_shuffle_place(order, ARGV[2])
   redis.call('HSET', KEYS[15], 'seed', ARGV[2], 'count', n, 'base', base, 'at_ms', now)
   -- A lottery's pool starts after the accounts drawn here.
   redis.call('HSET', KEYS[11], 'pool_from', n)

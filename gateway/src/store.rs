@@ -204,7 +204,10 @@ impl Scripts {
         Self {
             join: Script::new(include_str!("../../lua/queue_join.lua")),
             admit: Script::new(include_str!("../../lua/queue_admit.lua")),
-            set_state: Script::new(include_str!("../../lua/queue_set_state.lua")),
+            set_state: Script::new(concat!(
+                include_str!("../../lua/lib/queue_shuffle.lua"),
+                include_str!("../../lua/queue_set_state.lua")
+            )),
             touch: Script::new(include_str!("../../lua/queue_touch.lua")),
             nodes: Script::new(include_str!("../../lua/gateway_nodes.lua")),
             tune: Script::new(include_str!("../../lua/queue_tune_challenge.lua")),
@@ -212,7 +215,10 @@ impl Scripts {
             free: Script::new(include_str!("../../lua/queue_free.lua")),
             adapt: Script::new(include_str!("../../lua/queue_adapt.lua")),
             schedule: Script::new(include_str!("../../lua/queue_schedule_take.lua")),
-            draw: Script::new(include_str!("../../lua/queue_draw.lua")),
+            draw: Script::new(concat!(
+                include_str!("../../lua/lib/queue_shuffle.lua"),
+                include_str!("../../lua/queue_draw.lua")
+            )),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The pre-queue draw, recomputable by anyone: the same algorithm `lua/queue_set_state.lua` runs in Redis.
+//! The pre-queue draw, recomputable by anyone: the same algorithm `lua/lib/queue_shuffle.lua` runs in Redis.
 //!
 //! A Fisher-Yates shuffle of the accounts in join order, driven by the Park-Miller "minimal standard"
 //! generator `x <- x * 48271 mod (2^31 - 1)` from the recorded seed. Both sides use exact integer arithmetic
