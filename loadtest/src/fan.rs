@@ -139,7 +139,7 @@ async fn wait_for_turn(
         }
         if joined_at.elapsed() > s.max_wait {
             Stats::add(&run.stats.timed_out);
-            turn.outcome = TurnOutcome::TimedOut;
+            turn.outcome = if answer.body["all_held"] == true { TurnOutcome::HeldBack } else { TurnOutcome::TimedOut };
             return Ok(None);
         }
         let pause = answer.body["poll_after_ms"].as_u64().unwrap_or(2000);

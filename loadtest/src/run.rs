@@ -80,6 +80,9 @@ pub enum TurnOutcome {
     Lapsed,
     /// Still waiting after `--max-wait-seconds`.
     TimedOut,
+    /// Still waiting after `--max-wait-seconds`, last told that every seat left was held (`all_held`): nobody
+    /// is let in until one comes back, so the wait says nothing about the fan's place.
+    HeldBack,
     /// A request failed without an answer.
     Failed,
 }
