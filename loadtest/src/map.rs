@@ -219,13 +219,21 @@ impl LiveMap {
     }
 
     /// How many copies equal a status read now, once they have caught up with it (each copy is compared at
-    /// the status's version exactly; tries a few times while the map still moves). `(agreeing, compared)`.
+    /// the status's version exactly). `(agreeing, compared)`; `(_, 0)` when the map never held still for a
+    /// comparison. A status may show changes past its version (a hold whose time ran out in Redis before the
+    /// lapse step logged it): the copies get them with the next delta, so a disagreement is looked at again
+    /// while the map still moves, for up to 15 s, and only one that outlasts that counts.
     pub async fn agreement(&self) -> (usize, usize) {
-        for _ in 0..10 {
-            let Ok(status) = read_status(&self.client, &self.base, self.event).await else { continue };
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        let mut last = (0, 0);
+        while tokio::time::Instant::now() < deadline {
+            let Ok(status) = read_status(&self.client, &self.base, self.event).await else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let caught_up = tokio::time::Instant::now() + Duration::from_secs(3);
             while self.mirrors.iter().any(|m| m.version.load(Ordering::Relaxed) < status.version)
-                && tokio::time::Instant::now() < deadline
+                && tokio::time::Instant::now() < caught_up
             {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -237,9 +245,13 @@ impl LiveMap {
             }
             let agreeing =
                 at_version.iter().filter(|m| m.statuses.read().map(|s| *s == status.statuses).unwrap_or(false)).count();
-            return (agreeing, self.mirrors.len());
+            last = (agreeing, self.mirrors.len());
+            if agreeing == self.mirrors.len() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        (0, 0)
+        last
     }
 }
 
