@@ -4,8 +4,9 @@
 //! connection it accepts to `--to`. Each piece of data, either way, leaves the forwarder the delay after it came
 //! in, so a delay of D adds 2·D to every round trip and nothing to the throughput: pieces in flight overlap, as
 //! packets do on a long link. The delay is the whole number of milliseconds in the delay file, read every 50 ms
-//! (no file, or no number in it: none), so a drill slows a link and heals it without cutting a connection.
-//! Killing the process cuts every connection it carries.
+//! (no file, or no number in it: none), so a drill slows a link and heals it without cutting a connection. The
+//! word `dark` in the file holds every piece until it changes, as a partition holds packets that TCP sends again
+//! once it heals: connections stay open and carry nothing. Killing the process cuts every connection it carries.
 
 use std::{
     path::PathBuf,
@@ -33,7 +34,7 @@ struct Args {
     /// Where to forward each one.
     #[arg(long)]
     to: String,
-    /// A file holding the delay each way, in whole milliseconds (absent: none).
+    /// A file holding the delay each way, in whole milliseconds (absent: none), or `dark`.
     #[arg(long)]
     delay_file: PathBuf,
 }
@@ -42,6 +43,8 @@ struct Args {
 const IN_FLIGHT: usize = 1024;
 /// The most one read takes in.
 const PIECE: usize = 64 * 1024;
+/// The delay that means a dark link.
+const DARK: u64 = u64::MAX;
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
@@ -64,9 +67,11 @@ async fn main() -> std::io::Result<()> {
     }
 }
 
-/// The delay in the file, in ms; 0 without one. (A few bytes, read in passing: no blocking worth a thread.)
+/// The delay in the file, in ms ([`DARK`] for `dark`); 0 without one. (A few bytes, read in passing: no
+/// blocking worth a thread.)
 fn read_delay(file: &PathBuf) -> u64 {
-    std::fs::read_to_string(file).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    if text.trim() == "dark" { DARK } else { text.trim().parse().unwrap_or(0) }
 }
 
 async fn follow_delay(file: PathBuf, delay_ms: Arc<AtomicU64>) {
@@ -77,8 +82,9 @@ async fn follow_delay(file: PathBuf, delay_ms: Arc<AtomicU64>) {
     }
 }
 
-/// Carries one direction: each piece read is written the delay later, in order. The far side's write half is
-/// shut once the near side has said it is done and everything before has gone out.
+/// Carries one direction: each piece read is written the delay later, in order (the delay in force when it is
+/// due to go, so a link that heals lets what it held go at once). The far side's write half is shut once the
+/// near side has said it is done and everything before has gone out.
 async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay_ms: Arc<AtomicU64>) {
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT);
     let reader = async move {
@@ -87,8 +93,7 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay_ms: Arc<Ato
             match from.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
-                    let due = Instant::now() + Duration::from_millis(delay_ms.load(Ordering::Relaxed));
-                    if tx.send((due, buf[..n].to_vec())).await.is_err() {
+                    if tx.send((Instant::now(), buf[..n].to_vec())).await.is_err() {
                         return;
                     }
                 }
@@ -96,10 +101,20 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay_ms: Arc<Ato
         }
     };
     let writer = async move {
-        while let Some((due, piece)) = rx.recv().await {
-            // Not through the timer when due (its tick is a millisecond): a link without delay adds none.
-            if due > Instant::now() {
-                tokio::time::sleep_until(due).await;
+        while let Some((read_at, piece)) = rx.recv().await {
+            loop {
+                let delay = delay_ms.load(Ordering::Relaxed);
+                if delay == DARK {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                let due = read_at + Duration::from_millis(delay);
+                // Not through the timer when due (its tick is a millisecond): a link without delay adds none.
+                if due <= Instant::now() {
+                    break;
+                }
+                // Woken at least every 50 ms, to follow a change of the delay.
+                tokio::time::sleep_until(due.min(Instant::now() + Duration::from_millis(50))).await;
             }
             if to.write_all(&piece).await.is_err() {
                 return;
