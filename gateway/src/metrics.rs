@@ -8,7 +8,7 @@ use metrics::Counter;
 use crate::room::Live;
 
 /// The queue figures of one refresh, as gauges.
-pub fn record_room(event: i64, live: &Live, eta_error: Option<&crate::room::EtaError>) {
+pub fn record_room(event: i64, live: &Live) {
     let label = event.to_string();
     let set = |name: &'static str, value: f64| metrics::gauge!(name, "event" => label.clone()).set(value);
     set("waiting_room_waiting", live.waiting() as f64);
@@ -28,7 +28,7 @@ pub fn record_room(event: i64, live: &Live, eta_error: Option<&crate::room::EtaE
     if let Some(ms) = live.median_wait_ms {
         set("waiting_room_median_wait_seconds", ms as f64 / 1000.0);
     }
-    if let Some(e) = eta_error {
+    if let Some(e) = &live.eta_error {
         let by = |name: &'static str, quantile: &'static str, value: f64| {
             metrics::gauge!(name, "event" => label.clone(), "quantile" => quantile).set(value);
         };

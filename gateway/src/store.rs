@@ -14,7 +14,7 @@ use redis::{AsyncCommands, Script, Value};
 use redisconn::{Conn, Options, Target};
 
 use crate::gate::Payment;
-use crate::room::{Applied, Batch, Counts, QueueState, SCHEDULE_MAX, Scheduled, Settings, SettingsPatch};
+use crate::room::{Applied, Batch, Counts, EtaSample, QueueState, SCHEDULE_MAX, Scheduled, Settings, SettingsPatch};
 
 /// Why a Redis call did not give an answer.
 #[derive(Debug, thiserror::Error)]
@@ -37,10 +37,10 @@ pub struct QueueKeys {
 }
 
 /// The keys every queue script receives, in this order (the scripts' headers list them).
-const KEY_NAMES: [&str; 27] = [
+const KEY_NAMES: [&str; 29] = [
     "settings", "seq", "head", "places", "who", "joined", "seen", "active", "skipped", "batches", "stats", "waits",
     "pre", "prelist", "shuffle", "spent", "networks", "codes", "uses", "holders", "later", "laterwho", "left",
-    "health", "schedule", "applied", "draws",
+    "health", "schedule", "applied", "draws", "etas", "etaerrs",
 ];
 
 impl QueueKeys {
@@ -52,7 +52,7 @@ impl QueueKeys {
         format!("{}{name}", self.base)
     }
 
-    /// All twenty-seven keys, in script order.
+    /// All twenty-nine keys, in script order.
     pub fn all(&self) -> Vec<String> {
         KEY_NAMES.iter().map(|name| self.key(name)).collect()
     }
@@ -194,6 +194,7 @@ struct Scripts {
     tune: Script,
     pass: Script,
     free: Script,
+    eta: Script,
     adapt: Script,
     schedule: Script,
     draw: Script,
@@ -213,6 +214,7 @@ impl Scripts {
             tune: Script::new(include_str!("../../lua/queue_tune_challenge.lua")),
             pass: Script::new(include_str!("../../lua/queue_pass.lua")),
             free: Script::new(include_str!("../../lua/queue_free.lua")),
+            eta: Script::new(include_str!("../../lua/queue_eta.lua")),
             adapt: Script::new(include_str!("../../lua/queue_adapt.lua")),
             schedule: Script::new(include_str!("../../lua/queue_schedule_take.lua")),
             draw: Script::new(concat!(
@@ -741,6 +743,25 @@ impl QueueStore {
         Ok(freed)
     }
 
+    /// Counts `account`'s `sample` in the room's ETA error, once whichever nodes ask (`lua/queue_eta.lua`); true
+    /// when it was counted now.
+    pub async fn count_eta(&self, event: i64, account: &str, sample: &EtaSample) -> Result<bool, StoreError> {
+        let mut inv = self.script(&self.scripts.eta, event);
+        inv.arg(account).arg(sample.encode());
+        let mut conn = self.conn.clone();
+        let counted: u8 = self.run(inv.invoke_async(&mut conn)).await?;
+        Ok(counted == 1)
+    }
+
+    /// The ETA samples of the room's last admitted fans (every node's), newest first; one that does not read is
+    /// left out.
+    pub async fn eta_samples(&self, event: i64) -> Result<Vec<EtaSample>, StoreError> {
+        let mut conn = self.conn.clone();
+        let raw: Vec<String> =
+            self.run(conn.lrange(self.keys(event).key("etaerrs"), 0, EtaSample::KEPT as isize - 1)).await?;
+        Ok(raw.iter().filter_map(|r| EtaSample::parse(r)).collect())
+    }
+
     /// The id of the last entry of booking's order event stream ("0-0" when there is none): where a reader that
     /// starts now begins.
     pub async fn outbox_end(&self) -> Result<String, StoreError> {
@@ -984,6 +1005,7 @@ impl QueueStore {
                 freed_total: stat("freed_total"),
                 last_draw_ms: stat("last_draw_ms"),
                 next_draw_ms: stat("next_draw_ms"),
+                eta_counted: stat("eta_counted"),
             },
             waits_ms,
             new_batches: new_batches.collect::<Result<_, _>>()?,

@@ -25,7 +25,8 @@ use tokens::{AccountId, AdmissionClaims, Keyring};
 
 use crate::limits::{Limits, NODE_ALIVE};
 use crate::room::{
-    Applied, ChallengeMode, HeldBack, History, Left, Live, Outflow, QueueState, Queueing, RateMode, Room, Rooms,
+    Applied, ChallengeMode, EtaError, HeldBack, History, Left, Live, Outflow, QueueState, Queueing, RateMode, Room,
+    Rooms,
 };
 use crate::store::{Configured, Freed, FreedBy, LazyStore, QueueStore, StateChange, Stepped, StoreError};
 use crate::upstreams::Upstreams;
@@ -435,6 +436,12 @@ pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<()
     };
     let mut waits = snap.waits_ms;
     waits.sort_unstable();
+    // The samples are read again only when a node has counted a fan since.
+    let eta_error = match previous.as_ref().map(|r| &r.live) {
+        Some(last) if last.counts.eta_counted == snap.counts.eta_counted => last.eta_error,
+        _ if snap.counts.eta_counted == 0 => None,
+        _ => EtaError::of(&store.eta_samples(event).await?),
+    };
     let live = Live {
         settings,
         counts: snap.counts,
@@ -442,11 +449,11 @@ pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<()
         admitted_last_minute,
         outflow,
         schedule: snap.schedule,
+        eta_error,
         redis_ms: snap.redis_ms,
         read_at: Instant::now(),
     };
-    let eta_error = etas.lock().ok().and_then(|log| log.summary());
-    crate::metrics::record_room(event, &live, eta_error.as_ref());
+    crate::metrics::record_room(event, &live);
     rooms.put(event, Room { live, history, left, etas });
     Ok(())
 }

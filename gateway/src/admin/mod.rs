@@ -369,7 +369,7 @@ async fn get_room(
             abandoned_total: live.counts.abandoned_total,
             freed_total: live.counts.freed_total,
             median_wait_seconds: live.median_wait_ms.map(|ms| ms as f64 / 1000.0),
-            eta_error: room.etas.lock().ok().and_then(|log| log.summary()),
+            eta_error: room.live.eta_error,
             places_given: live.counts.seq,
             head: live.counts.head,
             next_draw_at: (live.counts.next_draw_ms > 0 && live.settings.queueing == Queueing::Lottery)

@@ -13,7 +13,7 @@ use super::reply::Reply;
 use crate::gate::Gate;
 use crate::limits::Limits;
 use crate::metrics::record_gate;
-use crate::room::{self, ChallengeMode, Freshness, QueueState, Rooms, Standing, rfc3339};
+use crate::room::{self, ChallengeMode, EtaSample, Freshness, QueueState, Rooms, Standing, rfc3339};
 use crate::store::{CodeRefusal, Freed, FreedBy, Joined, Joining, LazyStore, Passed, QueueStore, Stepped};
 
 /// Cookie carrying the platform's account token for browsers (set by the platform's login, `HttpOnly`; or by
@@ -857,9 +857,15 @@ impl Queue {
         let answer = self.standing_reply(event, &ticket.sub, &room, ticket.place, now_ms);
         if let (Ok(admitted), Some(promised)) = (&answer, ticket.eta)
             && let Some(at) = admitted.admitted_at_ms
-            && let Ok(mut log) = room.etas.lock()
+            && room.etas.lock().is_ok_and(|mut log| log.first(ticket.sub.as_str()))
+            && let Ok(store) = self.store.get()
         {
-            log.admitted(ticket.sub.as_str(), promised, at.saturating_sub(ticket.iat * 1000) as f64 / 1000.0);
+            // Counted in the room's figure, once across every node; a miss costs the figure one sample, never
+            // the fan its answer.
+            let sample = EtaSample::new(promised, at.saturating_sub(ticket.iat * 1000) as f64 / 1000.0);
+            if let Err(e) = store.count_eta(event, ticket.sub.as_str(), &sample).await {
+                tracing::debug!(event, error = %e, "could not count an admitted fan's ETA");
+            }
         }
         answer.map_or_else(|refusal| refusal, Reply::from)
     }

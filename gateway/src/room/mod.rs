@@ -668,6 +668,8 @@ pub struct Counts {
     /// A lottery's last draw and the next, Redis's clock (ms; 0: none).
     pub last_draw_ms: u64,
     pub next_draw_ms: u64,
+    /// Admitted fans counted in the room's ETA error, by every node.
+    pub eta_counted: u64,
 }
 
 /// The queue figures of one refresh, replaced whole each time.
@@ -683,6 +685,8 @@ pub struct Live {
     pub outflow: Outflow,
     /// The room's scheduled changes still to apply, earliest first.
     pub schedule: Vec<Scheduled>,
+    /// How right the waits promised at joins were, over the room's last admitted fans (every node's).
+    pub eta_error: Option<EtaError>,
     /// Redis's clock at the refresh, Unix ms.
     pub redis_ms: u64,
     /// When this node read it.
@@ -896,16 +900,56 @@ impl Left {
     }
 }
 
-/// How right the ETAs this node promised at joins were: for each fan it saw admitted (once), the promised wait
-/// against the wait it had. The last [`EtaLog::KEPT`] are kept.
+/// The fans this node has counted in the room's ETA error (`lua/queue_eta.lua` counts each once across every
+/// node; this spares a round trip for each poll a fan makes once admitted).
 #[derive(Debug, Default)]
 pub struct EtaLog {
     counted: HashSet<String>,
-    /// (absolute error in seconds, error relative to the wait), newest last.
-    errors: std::collections::VecDeque<(f64, f64)>,
 }
 
-/// p50 and p90 of an [`EtaLog`].
+impl EtaLog {
+    /// Whether `account` is new here (then it is remembered).
+    pub fn first(&mut self, account: &str) -> bool {
+        if self.counted.len() >= 100 * EtaSample::KEPT {
+            self.counted.clear();
+        }
+        self.counted.insert(account.to_owned())
+    }
+}
+
+/// How right one admitted fan's promised wait was.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EtaSample {
+    /// Seconds between the wait promised at the join and the wait it had.
+    pub abs: f64,
+    /// That, relative to the wait it had (for fans who waited a second or more).
+    pub rel: Option<f64>,
+}
+
+impl EtaSample {
+    /// Each room keeps the samples of its last this many admitted fans (in Redis, for every node).
+    pub const KEPT: usize = 1000;
+
+    pub fn new(promised_seconds: u64, waited_seconds: f64) -> Self {
+        let abs = (waited_seconds - promised_seconds as f64).abs();
+        Self { abs, rel: (waited_seconds >= 1.0).then(|| abs / waited_seconds) }
+    }
+
+    /// As Redis keeps it: "abs rel", rel "-" when there is none.
+    pub fn encode(&self) -> String {
+        match self.rel {
+            Some(rel) => format!("{:.3} {rel:.4}", self.abs),
+            None => format!("{:.3} -", self.abs),
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        let (abs, rel) = text.split_once(' ')?;
+        Some(Self { abs: abs.parse().ok()?, rel: if rel == "-" { None } else { Some(rel.parse().ok()?) } })
+    }
+}
+
+/// p50 and p90 of the ETA error of a room's last admitted fans that were promised a wait.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct EtaError {
     /// Admitted fans counted.
@@ -917,34 +961,15 @@ pub struct EtaError {
     pub rel_p90: f64,
 }
 
-impl EtaLog {
-    pub const KEPT: usize = 1000;
-
-    /// Counts `account`'s admission after `waited_seconds`, promised `promised_seconds` at its join; once per
-    /// account.
-    pub fn admitted(&mut self, account: &str, promised_seconds: u64, waited_seconds: f64) {
-        if self.counted.len() >= 100 * Self::KEPT {
-            self.counted.clear();
-        }
-        if !self.counted.insert(account.to_owned()) {
-            return;
-        }
-        let error = (waited_seconds - promised_seconds as f64).abs();
-        let relative = if waited_seconds >= 1.0 { error / waited_seconds } else { f64::NAN };
-        self.errors.push_back((error, relative));
-        if self.errors.len() > Self::KEPT {
-            self.errors.pop_front();
-        }
-    }
-
-    /// The error's p50 and p90 (nearest rank); `None` before any fan was counted.
-    pub fn summary(&self) -> Option<EtaError> {
+impl EtaError {
+    /// The error's p50 and p90 (nearest rank); `None` without samples.
+    pub fn of(samples: &[EtaSample]) -> Option<Self> {
         let nearest = |mut v: Vec<f64>, q: f64| {
             v.sort_by(f64::total_cmp);
             v.get(((v.len() as f64 * q).ceil() as usize).clamp(1, v.len().max(1)) - 1).copied().unwrap_or(0.0)
         };
-        let abs: Vec<f64> = self.errors.iter().map(|e| e.0).collect();
-        let rel: Vec<f64> = self.errors.iter().map(|e| e.1).filter(|r| !r.is_nan()).collect();
+        let abs: Vec<f64> = samples.iter().map(|e| e.abs).collect();
+        let rel: Vec<f64> = samples.iter().filter_map(|e| e.rel).collect();
         (!abs.is_empty()).then(|| EtaError {
             fans: abs.len(),
             abs_p50_seconds: nearest(abs.clone(), 0.5),

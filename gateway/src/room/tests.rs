@@ -8,6 +8,7 @@ fn live(state: QueueState, seq: u64, head: u64) -> Live {
         admitted_last_minute: 0,
         outflow: Outflow::default(),
         schedule: Vec::new(),
+        eta_error: None,
         redis_ms: 1_000_000,
         read_at: Instant::now(),
     }
@@ -295,15 +296,19 @@ fn a_full_room_promises_the_slots_that_free_not_the_rate() {
 }
 
 #[test]
-fn the_eta_log_counts_each_admitted_fan_once_and_reports_its_error() {
-    let mut log = EtaLog::default();
-    assert_eq!(log.summary(), None);
-    log.admitted("a", 10, 5.0);
-    log.admitted("b", 10, 10.0);
-    log.admitted("c", 10, 20.0);
-    log.admitted("c", 10, 99.0);
-    log.admitted("d", 10, 30.0);
-    let e = log.summary().expect("four fans");
+fn the_eta_error_is_absolute_and_relative_and_each_fan_counts_once_per_node() {
+    assert_eq!(EtaError::of(&[]), None);
+    let samples: Vec<EtaSample> = [5.0, 10.0, 20.0, 30.0].iter().map(|&w| EtaSample::new(10, w)).collect();
+    let e = EtaError::of(&samples).expect("four fans");
     assert_eq!((e.fans, e.abs_p50_seconds, e.abs_p90_seconds), (4, 5.0, 20.0));
     assert_eq!((e.rel_p50, e.rel_p90), (0.5, 1.0));
+    // A wait under a second has no relative error; both survive Redis's text.
+    let quick = EtaSample::new(2, 0.5);
+    assert_eq!((quick.abs, quick.rel), (1.5, None));
+    for s in [quick, samples[2]] {
+        assert_eq!(EtaSample::parse(&s.encode()), Some(s));
+    }
+    assert_eq!(EtaSample::parse("1.5"), None);
+    let mut log = EtaLog::default();
+    assert!(log.first("a") && !log.first("a") && log.first("b"));
 }
