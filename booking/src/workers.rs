@@ -39,8 +39,9 @@ pub struct PaymentCheck {
 ///
 /// It also repairs Redis for orders paid lately, whose markers never lapse: it marks their seats sold again, or
 /// releases them again (a compare-and-delete on the order's own markers) if the order was then refunded or
-/// cancelled, in case booking died between a commit and its follow-up; and after Redis was gone, for every
-/// order that changed shortly before (see [`repair_markers`]). The first pass after a start looks back a day.
+/// cancelled, in case booking died between a commit and its follow-up; and after Redis was gone, or booking
+/// started, for every order that changed shortly before (see [`repair_markers`]). After a start the paid
+/// orders' repair looks back a day.
 pub async fn sweeper(pool: PgPool, every: Duration, check: PaymentCheck) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -130,22 +131,26 @@ const REPAIR_BATCH: i64 = 1_000;
 /// Changes commit a little after their `updated_at`: each pass looks back this far past the last one.
 const COMMIT_LAG: time::Duration = time::Duration::seconds(2);
 
-/// Where the sweeper's repair of Redis markers stands.
+/// Where the sweeper's repair of Redis markers stands: two cursors, so that the repair owed after a fault
+/// (seconds of orders) never waits behind the paid orders' catch-up (a day of them after a start).
 struct Repair {
-    /// The database's time at the last pass that wrote again everything it listed.
+    /// How far the paid orders have been written again: the database's time of the pass that wrote the last of
+    /// them, or the `updated_at` the last full batch reached.
     until: time::OffsetDateTime,
     /// The database's time at the last pass that found every event's Redis server the same as before.
     calm: time::OffsetDateTime,
-    /// Set while a repair of every live order changed since then is owed (a Redis server changed).
+    /// Set while a repair of every live order changed since then is owed (a Redis server changed): it goes
+    /// first.
     live_from: Option<time::OffsetDateTime>,
 }
 
 impl Repair {
-    /// The first pass after a start looks back a day for paid orders, and, if a server changed, 10 s before
-    /// the start for the others (what a crash of booking and Redis together lost longer before is not found).
+    /// The first passes after a start write again every live order changed in the 10 s before it (a booking
+    /// killed between a commit and its follow-up left their markers unwritten, reserved orders' too), then look
+    /// back a day for paid orders (what a crash of booking and Redis together lost longer before is not found).
     fn new() -> Self {
         let now = time::OffsetDateTime::now_utc();
-        Self { until: now - time::Duration::days(1), calm: now, live_from: None }
+        Self { until: now - time::Duration::days(1), calm: now, live_from: Some(now - LOST_WRITES_REACH) }
     }
 }
 
@@ -153,8 +158,9 @@ impl Repair {
 /// again if the order was then refunded or cancelled. When the Redis server that keeps the keys of an event with
 /// recent orders changed since the last pass (a restart, a failover, a flush: `Holds::server_changed`), it also
 /// marks again the seats of every reserved order changed since shortly before: Redis may have lost those markers,
-/// and Postgres, which sold the seats, would show them sold while the seat map's log says free. Moves on to the
-/// database's time of this pass when every order listed was written.
+/// and Postgres, which sold the seats, would show them sold while the seat map's log says free. That repair comes
+/// before the paid orders' catch-up. Each cursor moves on to the database's time of its pass when every order
+/// listed was written.
 async fn repair_markers(pool: &PgPool, holds: &Holds, r: &mut Repair) {
     // Only events with orders a loss could touch are asked about (usually none, or the few on sale now).
     let events = match lifecycle::events_changed_since(pool, r.calm - LOST_WRITES_REACH).await {
@@ -184,7 +190,7 @@ async fn repair_markers(pool: &PgPool, holds: &Holds, r: &mut Repair) {
         r.live_from = Some(r.live_from.map_or(from, |f| f.min(from)));
     }
     let (from, which) = match r.live_from {
-        Some(from) => (from.min(r.until - COMMIT_LAG), Changed::Live),
+        Some(from) => (from, Changed::Live),
         None => (r.until - COMMIT_LAG, Changed::Paid),
     };
     let (orders, now) = match lifecycle::changed_since(pool, from, which, REPAIR_BATCH).await {
@@ -206,21 +212,24 @@ async fn repair_markers(pool: &PgPool, holds: &Holds, r: &mut Repair) {
     if let Some((_, last)) = orders.last().filter(|_| orders.len() as i64 == REPAIR_BATCH) {
         // More to write: the next pass goes on from the last one written (a start after a day of sales has
         // tens of thousands of paid orders to write again; a batch a pass leaves Redis to the fans meanwhile).
-        r.until = *last + COMMIT_LAG;
-        if which == Changed::Live {
-            r.live_from = Some(*last);
+        match which {
+            Changed::Live => r.live_from = Some(*last),
+            Changed::Paid => r.until = *last + COMMIT_LAG,
         }
         return;
     }
-    if which == Changed::Live {
-        tracing::info!(
-            orders = orders.len(),
-            "a Redis server changed: the markers of recent orders were written again"
-        );
-        metrics::counter!("booking_markers_restored_total").increment(orders.len() as u64);
-        r.live_from = None;
+    match which {
+        Changed::Live => {
+            tracing::info!(
+                orders = orders.len(),
+                "a Redis server changed: the markers of recent orders were written again"
+            );
+            metrics::counter!("booking_markers_restored_total").increment(orders.len() as u64);
+            // The paid orders' catch-up goes on from where it stood.
+            r.live_from = None;
+        }
+        Changed::Paid => r.until = now,
     }
-    r.until = now;
 }
 
 /// Lapses one step takes per event at most; a longer backlog drains over the next steps.
