@@ -103,12 +103,17 @@ pub async fn relay_batch(
     Ok(rows.len())
 }
 
+/// How far back a stream lost whole is published again. Its readers follow it live (the gateways free slots on
+/// `order.paid` as it comes), so what they missed is the last moments; a million rows of history published first
+/// would hold those back for minutes.
+pub const REPUBLISH_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Puts the cursor where the stream's last entry says it is, when the two disagree: Redis lost entries (a flush,
 /// a restart that lost the last second of its append-only file, a failover to a replica that lagged), and the
 /// rows after the last one it has are published again; or a relay died after its `XADD` and before its commit,
 /// and the rows the stream has already are not published twice. With no stream at all, the latest rows are
-/// published again, as many as the stream keeps. Consumers dedupe on `id` either way. Runs under the cursor's
-/// lock.
+/// published again, as many as the stream keeps and none older than [`REPUBLISH_WINDOW`]. Consumers dedupe on `id`
+/// either way. Runs under the cursor's lock.
 async fn match_stream(tx: &mut sqlx::PgConnection, conn: &mut Conn, stream: &Stream) -> Result<(), StoreError> {
     let cursor: i64 = sqlx::query_scalar("SELECT id FROM outbox_cursor").fetch_one(&mut *tx).await?;
     // [[entry id, [field, value, field, value, ...]]]: the `id` field of the last entry, if any.
@@ -130,16 +135,24 @@ async fn match_stream(tx: &mut sqlx::PgConnection, conn: &mut Conn, stream: &Str
         Some(None) => 0,
         None if cursor == 0 => return Ok(()),
         None => {
-            // The stream keeps at most `max_len` entries anyway: only that many of the latest rows again.
-            let from: Option<(String, i64)> = match stream.max_len {
-                0 => None,
-                keep => sqlx::query_as(
-                    "SELECT e.txid::text, e.id FROM order_events e ORDER BY e.txid DESC, e.id DESC OFFSET $1 LIMIT 1",
-                )
-                .bind(i64::try_from(keep).unwrap_or(i64::MAX))
-                .fetch_optional(&mut *tx)
-                .await?,
+            // The stream keeps at most `max_len` entries anyway: only that many of the latest rows again, and
+            // none older than the window (the later of the two bounds; the cursor stays on the last row left out).
+            let keep = match stream.max_len {
+                0 => i64::MAX,
+                keep => i64::try_from(keep).unwrap_or(i64::MAX),
             };
+            let from: Option<(String, i64)> = sqlx::query_as(
+                "SELECT txid::text, id FROM (
+                     (SELECT e.txid, e.id FROM order_events e ORDER BY e.txid DESC, e.id DESC OFFSET $1 LIMIT 1)
+                     UNION ALL
+                     (SELECT e.txid, e.id FROM order_events e WHERE e.created_at < now() - make_interval(secs => $2)
+                      ORDER BY e.txid DESC, e.id DESC LIMIT 1)
+                 ) bounds ORDER BY bounds.txid DESC, bounds.id DESC LIMIT 1",
+            )
+            .bind(keep)
+            .bind(REPUBLISH_WINDOW.as_secs_f64())
+            .fetch_optional(&mut *tx)
+            .await?;
             let (txid, id) = from.unwrap_or_else(|| ("0".to_owned(), 0));
             sqlx::query("UPDATE outbox_cursor SET (txid, id) = ($1::xid8, $2)")
                 .bind(txid)

@@ -164,6 +164,19 @@ async fn a_stream_that_redis_lost_whole_or_in_part_is_published_again(pool: PgPo
     let again = eventually(Duration::from_secs(20), async || stream_ids(&mut app).await == latest).await;
     assert!(again, "the latest 3 of {written:?}: {:?}", stream_ids(&mut app).await);
     short.kill().await.expect("kill");
+
+    // Rows older than the window are not published again, however many the stream keeps.
+    sqlx::query("UPDATE order_events SET created_at = now() - interval '1 hour' WHERE id = ANY($1)")
+        .bind(&written[..2])
+        .execute(&app.pool)
+        .await
+        .expect("backdate");
+    let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut app.redis).await.expect("DEL");
+    let mut windowed = relay(&app, &[]);
+    let recent = written[2..].to_vec();
+    let again = eventually(Duration::from_secs(20), async || stream_ids(&mut app).await == recent).await;
+    assert!(again, "the {recent:?} of the last ten minutes: {:?}", stream_ids(&mut app).await);
+    windowed.kill().await.expect("kill");
     app.stop().await;
 }
 
