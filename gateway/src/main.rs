@@ -163,6 +163,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         quiet_every: (cfg.stale_after() / 4).min(Duration::from_millis(500)).max(cfg.tick()),
         free_on_paid: cfg.free_on_paid,
         health,
+        slow_pass: cfg.stale_after() / 2,
         node: format!("{:016x}", rand::random::<u64>()),
     };
     server.add_service(background_service("queue ticker", ticker));

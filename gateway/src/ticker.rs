@@ -49,11 +49,16 @@ pub struct Ticker {
     pub free_on_paid: bool,
     /// Booking's answers as this node's proxy saw them, for adaptive rooms.
     pub health: Arc<crate::health::Health>,
+    /// A pass (registration, freed slots, every room's step and read) longer than this is logged.
+    pub slow_pass: Duration,
 }
 
 /// Rooms stepped at once: their Redis calls share one multiplexed connection, so a node with hundreds of
 /// rooms (past events stay listed) does not take hundreds of round trips in a row each tick.
 const ROOMS_AT_ONCE: usize = 16;
+
+/// Paid fans' slots freed at once, in flight together on the multiplexed connection.
+const FREES_AT_ONCE: usize = 64;
 
 /// Entries of booking's order event stream read per tick: a tick reads on from where the last one stopped.
 const PAID_PER_TICK: usize = 500;
@@ -80,6 +85,7 @@ impl BackgroundService for Ticker {
                     return;
                 }
             }
+            let began = Instant::now();
             if last_registration.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
                 last_registration = Some(Instant::now());
                 self.register().await;
@@ -87,7 +93,19 @@ impl BackgroundService for Ticker {
             if self.free_on_paid {
                 self.free_paid(&mut orders).await;
             }
-            match self.tick(&mut stepped).await {
+            let freed = began.elapsed();
+            let ticked = self.tick(&mut stepped).await;
+            let pass = began.elapsed();
+            metrics::histogram!("gateway_ticker_pass_seconds").record(pass.as_secs_f64());
+            if pass > self.slow_pass {
+                // Views age while a pass runs: a pass this long brings status polls near their 503.
+                tracing::warn!(
+                    pass_ms = pass.as_millis() as u64,
+                    before_step_ms = freed.as_millis() as u64,
+                    "the ticker's pass was slow"
+                );
+            }
+            match ticked {
                 Ok(()) if failing => {
                     tracing::info!("queue store answering again");
                     failing = false;
@@ -272,13 +290,24 @@ impl Ticker {
                 return;
             }
         };
-        for order in paid.iter().filter(|p| self.rooms.get(p.event).is_some()) {
-            match store.free(order.event, &order.account, FreedBy::Paid).await {
-                Ok(Freed::Now { .. }) => tracing::debug!(event = order.event, "a paid fan's slot freed"),
+        // Freed together, so their calls share round trips: a burst of payments (booking catching up after a
+        // stall) frees hundreds at once, and the pass that also keeps the rooms' views fresh must not wait on
+        // them one by one.
+        let ours: Vec<_> = paid.into_iter().filter(|p| self.rooms.get(p.event).is_some()).collect();
+        let results: Vec<_> =
+            futures::stream::iter(ours.into_iter().map(|order| async move {
+                (order.event, store.free(order.event, &order.account, FreedBy::Paid).await)
+            }))
+            .buffer_unordered(FREES_AT_ONCE)
+            .collect()
+            .await;
+        for (event, result) in results {
+            match result {
+                Ok(Freed::Now { .. }) => tracing::debug!(event, "a paid fan's slot freed"),
                 Ok(_) => {}
                 Err(e) => {
                     // Read again from here next time: freeing is idempotent.
-                    tracing::debug!(error = %e, event = order.event, "could not free a paid fan's slot");
+                    tracing::debug!(error = %e, event, "could not free a paid fan's slot");
                     return;
                 }
             }
