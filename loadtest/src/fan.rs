@@ -89,6 +89,15 @@ async fn send(
     Ok(Answer { status, raw, body })
 }
 
+/// Attempts at a checkout or a payment's opening while the gateway says booking cannot answer (503) or nothing
+/// answers: a fan whose order met a stopped booking tries again, as the page does, instead of leaving its seats
+/// held until the order's payment window ends.
+const RETRIES_WHILE_UNAVAILABLE: u32 = 5;
+
+fn unavailable(status: u16) -> bool {
+    matches!(status, 0 | 503)
+}
+
 /// Marks, in a status's name, a 503 that came without `Retry-After`.
 pub const NO_RETRY_AFTER: &str = "(no Retry-After)";
 
@@ -355,16 +364,29 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
     // Check out.
     let key = format!("{}-{hold_token}", fan.account);
     let started = Instant::now();
-    let order = send(
-        user,
-        run,
-        "checkout",
-        GooseMethod::Post,
-        &format!("/events/{event}/orders"),
-        |b| b.header("authorization", &auth).header("idempotency-key", &key).json(&json!({ "hold_token": hold_token })),
-        &[201, 409],
-    )
-    .await?;
+    let mut tries = 0;
+    let order = loop {
+        let order = send(
+            user,
+            run,
+            "checkout",
+            GooseMethod::Post,
+            &format!("/events/{event}/orders"),
+            |b| {
+                b.header("authorization", &auth)
+                    .header("idempotency-key", &key)
+                    .json(&json!({ "hold_token": hold_token }))
+            },
+            &[201, 409],
+        )
+        .await?;
+        tries += 1;
+        if !unavailable(order.status) || tries >= RETRIES_WHILE_UNAVAILABLE {
+            break order;
+        }
+        // As the page does: the same order again (its idempotency key makes it one), a second or so later.
+        tokio::time::sleep(Duration::from_millis(rand::random_range(1000..=2000))).await;
+    };
     run.stats.checkout_latency(started.elapsed());
     if order.status != 201 {
         Stats::add(&run.stats.checkout_refused);
@@ -402,8 +424,16 @@ async fn pay(
 ) -> Result<bool, Box<TransactionError>> {
     let started = Instant::now();
     let path = format!("/events/{event}/orders/{order_id}/payment");
-    let opened =
-        send(user, run, "payment", GooseMethod::Post, &path, |b| b.header("authorization", auth), &[201]).await?;
+    let mut tries = 0;
+    let opened = loop {
+        let opened =
+            send(user, run, "payment", GooseMethod::Post, &path, |b| b.header("authorization", auth), &[201]).await?;
+        tries += 1;
+        if !unavailable(opened.status) || tries >= RETRIES_WHILE_UNAVAILABLE {
+            break opened;
+        }
+        tokio::time::sleep(Duration::from_millis(rand::random_range(1000..=2000))).await;
+    };
     let Some(pay_url) = opened.str("pay_url") else {
         Stats::add(&run.stats.payment_failed);
         return Ok(false);
