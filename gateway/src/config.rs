@@ -42,14 +42,9 @@ pub struct Config {
     #[arg(long, env = "BOOKING_UPSTREAMS", default_value = "127.0.0.1:18080", value_delimiter = ',', num_args = 1.., value_parser = upstream)]
     pub upstreams: Vec<Upstream>,
     /// Longest wait for booking, in milliseconds: to connect, and for each read of its answer; past it the
-    /// client gets 503 `booking_unavailable` (or, mid-answer, a closed connection). A request that accepts
-    /// `text/event-stream` waits up to `GATEWAY_STREAM_IDLE_SECONDS` between reads instead.
+    /// client gets 503 `booking_unavailable` (or, mid-answer, a closed connection).
     #[arg(long, env = "GATEWAY_UPSTREAM_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub upstream_timeout_ms: u64,
-    /// Longest silence on a live event stream (a request that accepts `text/event-stream`), in seconds,
-    /// before the gateway gives up on it; booking's heartbeats keep a healthy stream well inside it.
-    #[arg(long, env = "GATEWAY_STREAM_IDLE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
-    pub stream_idle_seconds: u64,
     /// Longest a write to a client may make no progress, in milliseconds: a forwarded answer, the gateway's own,
     /// or a seat map stream. Past it the client's connection is closed (and booking's, for a forwarded answer),
     /// so a client that never reads holds neither for long.

@@ -113,7 +113,6 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         queue,
         limits: limits.clone(),
         max_body: cfg.max_body_bytes as usize,
-        stream_idle: Duration::from_secs(cfg.stream_idle_seconds),
         write_timeout: Duration::from_millis(cfg.client_write_timeout_ms),
         feeds: gateway::seatmap::Feeds::new(store.fork(), gateway::seatmap::FeedOptions::default()),
         stream_caps: gateway::edge::stream::Caps::new(cfg.stream_caps()),

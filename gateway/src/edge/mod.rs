@@ -74,8 +74,6 @@ pub struct Edge {
     pub limits: Arc<Limits>,
     /// Largest request body forwarded, in bytes.
     pub max_body: usize,
-    /// Longest silence between reads of a live event stream.
-    pub stream_idle: Duration,
     /// Longest a write to the client may make no progress.
     pub write_timeout: Duration,
     /// The live seat maps' feeds on this node.
@@ -106,8 +104,6 @@ pub struct Ctx {
     /// The proof checked, when the client's own `Authorization` does not already say exactly `Bearer <proof>`
     /// (it came in the cookie, or in a header written otherwise): booking is shown it in a new one.
     proof: Option<String>,
-    /// The request asks for a live event stream: its answer may stay open for hours.
-    wants_stream: bool,
     /// The request carries a `Cookie` field (which may hold the admission cookie, not for booking).
     cookie: bool,
     /// The request carries its own `X-Request-Id`.
@@ -520,9 +516,9 @@ impl Edge {
     /// Starts timing a request that goes to booking, when its event's room adapts its rate to booking's answers
     /// (only configured rooms: a client cannot grow the figures with made-up event ids). A live stream's answer
     /// lasts as long as the fan watches, so it says nothing of booking's latency.
-    fn time_answer(&self, route: Route, stream: bool) -> Option<crate::health::Pending> {
+    fn time_answer(&self, route: Route) -> Option<crate::health::Pending> {
         let (Route::Event(event) | Route::PublicMap(event)) = route else { return None };
-        let room = self.queue.rooms.get(event).filter(|_| !stream)?;
+        let room = self.queue.rooms.get(event)?;
         let settings = &room.live.settings;
         (settings.rate_mode == crate::room::RateMode::Adaptive)
             .then(|| self.health.start(event, Duration::from_millis(u64::from(settings.target_p99_ms))))
@@ -558,7 +554,6 @@ impl Edge {
                         .and_then(|proof| Ok((self.client_ip(session, fields.client_ip)?, Some(proof)))),
                     _ => self.check_ip_n(session, Self::public_read_cost(req)).map(|ip| (ip, None)),
                 };
-                ctx.wants_stream = fields.accepts("text/event-stream");
                 ctx.cookie = fields.cookie;
                 ctx.request_id = fields.request_id;
                 let (ip, proof) = match checked {
@@ -573,7 +568,7 @@ impl Edge {
                     Ok(length) => {
                         ctx.proxied = true;
                         ctx.body_len = length;
-                        ctx.timed = self.time_answer(route, ctx.wants_stream);
+                        ctx.timed = self.time_answer(route);
                         None
                     }
                     Err(refusal) => Some(refusal),
@@ -624,10 +619,7 @@ impl ProxyHttp for Edge {
             return Error::e_explain(HTTPStatus(503), "no booking node to try");
         };
         // Cloned straight into its box: a peer is a few hundred bytes, copied once more when built elsewhere.
-        let mut peer = Box::new(peer.clone());
-        if ctx.wants_stream {
-            peer.options.read_timeout = Some(self.stream_idle);
-        }
+        let peer = Box::new(peer.clone());
         ctx.tried = Some(node);
         Ok(peer)
     }
