@@ -6,10 +6,10 @@
 //!
 //! Imports flow one way: `edge` (HTTP: routes, refusals, the proxy phases) uses `room` (pure decisions),
 //! `gate` (proof-of-work challenges, pure),
-//! `store` (Redis), `seatmap` (the live seat maps' feeds, over `store`), `limits`, `upstreams` (booking's
-//! nodes) and `health` (booking's answers as timed here); `ticker` and `admin` use `room` and `store`,
-//! the ticker also `upstreams` and `health`; nothing imports `edge` but
-//! `main` and the OpenAPI document.
+//! `store` (Redis), `view` (a room read from `store` into this node's `room` view), `seatmap` (the live seat
+//! maps' feeds, over `store`), `limits`, `upstreams` (booking's nodes) and `health` (booking's answers as timed
+//! here); `ticker` and `admin` use `room` and `store`, the ticker also `view`, `upstreams` and `health`; nothing
+//! imports `edge` or `ticker` but `main` and the OpenAPI document.
 
 pub mod admin;
 pub mod codes;
@@ -25,3 +25,4 @@ pub mod seatmap;
 pub mod store;
 pub mod ticker;
 pub mod upstreams;
+pub mod view;

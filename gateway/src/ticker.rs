@@ -12,7 +12,7 @@
 //! `ending` while the last seats sell (fans poll more often, to hear of the sell-out soon).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -24,10 +24,7 @@ use pingora::services::background::BackgroundService;
 use tokens::{AccountId, AdmissionClaims, Keyring};
 
 use crate::limits::{Limits, NODE_ALIVE};
-use crate::room::{
-    Applied, ChallengeMode, EtaError, HeldBack, History, Left, Live, Outflow, QueueState, Queueing, RateMode, Room,
-    Rooms,
-};
+use crate::room::{Applied, ChallengeMode, HeldBack, QueueState, Queueing, RateMode, Rooms};
 use crate::store::{Configured, Freed, FreedBy, LazyStore, QueueStore, StateChange, Stepped, StoreError};
 use crate::upstreams::Upstreams;
 
@@ -380,7 +377,7 @@ impl Ticker {
             if let Some(drawn) = store.draw_lottery(event, seed).await? {
                 tracing::info!(event, drawn, "lottery drawn");
                 if quiet {
-                    return refresh(store, &self.rooms, event).await;
+                    return crate::view::refresh(store, &self.rooms, event).await;
                 }
             }
         }
@@ -389,7 +386,7 @@ impl Ticker {
             store.tune_challenge(event).await?;
         }
         if quiet {
-            return refresh(store, &self.rooms, event).await;
+            return crate::view::refresh(store, &self.rooms, event).await;
         }
         let seen = self.rooms.take_seen(event);
         if let Err(e) = store.touch(event, &seen).await {
@@ -413,7 +410,7 @@ impl Ticker {
             let change = store.set_state(event, QueueState::Open, seed, Some(QueueState::Prequeue)).await?;
             tracing::info!(event, ?change, "pre-queue opening time reached");
         }
-        refresh(store, &self.rooms, event).await
+        crate::view::refresh(store, &self.rooms, event).await
     }
 }
 
@@ -435,54 +432,6 @@ impl Ticker {
             let applied = Applied { change, applied_at: tokens::unix_now(), outcome: outcome.to_owned() };
             store.schedule_applied(event, &applied).await?;
         }
-        refresh(store, &self.rooms, event).await
+        crate::view::refresh(store, &self.rooms, event).await
     }
-}
-
-/// Reads one room from Redis and replaces this node's view of it (steps and skips are fetched incrementally).
-pub async fn refresh(store: &QueueStore, rooms: &Rooms, event: i64) -> Result<(), StoreError> {
-    let previous = rooms.get(event);
-    let history = previous.as_ref().map_or_else(|| Arc::new(RwLock::new(History::default())), |r| r.history.clone());
-    let left = previous.as_ref().map_or_else(|| Arc::new(RwLock::new(Left::default())), |r| r.left.clone());
-    let etas = previous.as_ref().map_or_else(Default::default, |r| r.etas.clone());
-    let (last_to, last_skipped) = history.read().map(|h| (h.last_to(), h.last_skipped())).unwrap_or_default();
-    let left_since = left.read().map(|l| l.last_ms).unwrap_or_default();
-    let snap = store.snapshot(event, last_to, last_skipped, left_since).await?;
-    let Some(settings) = snap.settings else { return Ok(()) };
-    if let Ok(mut l) = left.write() {
-        l.extend(snap.new_left, snap.redis_ms, settings.session_seconds);
-    }
-    let (admitted_last_minute, outflow) = match history.write() {
-        Ok(mut h) => {
-            for batch in snap.new_batches {
-                h.batches.insert(batch.to, batch);
-            }
-            h.skipped.extend(snap.new_skipped);
-            let outflow = h.outflow(snap.redis_ms, u64::from(settings.session_seconds) * 1000);
-            (h.admitted_since(snap.redis_ms.saturating_sub(60_000)), outflow)
-        }
-        Err(_) => (0, Outflow::default()),
-    };
-    let mut waits = snap.waits_ms;
-    waits.sort_unstable();
-    // The samples are read again only when a node has counted a fan since.
-    let eta_error = match previous.as_ref().map(|r| &r.live) {
-        Some(last) if last.counts.eta_counted == snap.counts.eta_counted => last.eta_error,
-        _ if snap.counts.eta_counted == 0 => None,
-        _ => EtaError::of(&store.eta_samples(event).await?),
-    };
-    let live = Live {
-        settings,
-        counts: snap.counts,
-        median_wait_ms: waits.get(waits.len() / 2).copied(),
-        admitted_last_minute,
-        outflow,
-        schedule: snap.schedule,
-        eta_error,
-        redis_ms: snap.redis_ms,
-        read_at: Instant::now(),
-    };
-    crate::metrics::record_room(event, &live);
-    rooms.put(event, Room { live, history, left, etas });
-    Ok(())
 }

@@ -578,7 +578,7 @@ impl Queue {
                 && new_head >= place
             {
                 // Bring this node's view up to the step, so the fan's next poll here agrees with this answer.
-                if let Err(e) = crate::ticker::refresh(store, &self.rooms, event).await {
+                if let Err(e) = crate::view::refresh(store, &self.rooms, event).await {
                     tracing::warn!(error = %e, event, "refresh after an immediate admission failed");
                 }
                 let until_ms = now_ms + u64::from(settings.session_seconds) * 1000;
