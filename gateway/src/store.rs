@@ -45,7 +45,7 @@ const KEY_NAMES: [&str; 29] = [
 
 impl QueueKeys {
     pub fn new(prefix: &str, event: i64) -> Self {
-        Self { base: format!("{prefix}queue:{{ev{event}}}:") }
+        Self { base: redisconn::keys::queue_base(prefix, event) }
     }
 
     pub fn key(&self, name: &str) -> String {
@@ -69,8 +69,8 @@ pub struct SeatMapKeys {
 impl SeatMapKeys {
     pub fn new(prefix: &str, event: i64) -> Self {
         Self {
-            version: format!("{prefix}seatmap:{{ev{event}}}:version"),
-            log: format!("{prefix}seatmap:{{ev{event}}}:log"),
+            version: redisconn::keys::seatmap(prefix, event, "version"),
+            log: redisconn::keys::seatmap(prefix, event, "log"),
         }
     }
 }
@@ -368,7 +368,7 @@ pub struct Paid {
 /// Booking's order event stream (booking writes it, `booking/src/store/outbox.rs`; both services share
 /// `REDIS_KEY_PREFIX`).
 pub fn outbox_key(prefix: &str) -> String {
-    format!("{prefix}outbox:orders")
+    redisconn::keys::order_stream(prefix)
 }
 
 /// The recorded pre-queue draw, for anyone to recompute.

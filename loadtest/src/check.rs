@@ -278,7 +278,7 @@ async fn every_change_on_the_stream_once(target: &Target<'_>, pool: &PgPool) -> 
     let mut conn = redis_conn(target.redis_url).await?;
     // Entry ids start with the publishing time in ms: from a second before the event's first change, a page at
     // a time (a stream published again whole after a flush holds every event's history).
-    let key = format!("{}outbox:orders", target.redis_key_prefix);
+    let key = redisconn::keys::order_stream(target.redis_key_prefix);
     let field =
         |fields: &[String], name: &str| fields.chunks(2).find(|kv| kv[0] == name).and_then(|kv| kv.get(1).cloned());
     let mut seen: HashMap<i64, u32> = HashMap::new();
@@ -357,7 +357,7 @@ fn write_record(
 /// fans who left), each of which lets one more fan in.
 async fn admissions_within_bounds(target: &Target<'_>) -> anyhow::Result<Verdict> {
     let mut conn = redis_conn(target.redis_url).await?;
-    let key = |name: &str| format!("{}queue:{{ev{}}}:{name}", target.redis_key_prefix, target.event);
+    let key = |name: &str| format!("{}{name}", redisconn::keys::queue_base(target.redis_key_prefix, target.event));
     let settings: HashMap<String, String> =
         redis::cmd("HGETALL").arg(key("settings")).query_async(&mut conn).await.context("room settings")?;
     let members: Vec<String> =
@@ -485,7 +485,7 @@ fn rate_bound(settings: &HashMap<String, String>) -> Option<f64> {
 /// The room's admission rate bound, fans a minute (see [`rate_bound`]).
 async fn room_rate(target: &Target<'_>) -> anyhow::Result<Option<f64>> {
     let mut conn = redis_conn(target.redis_url).await?;
-    let key = format!("{}queue:{{ev{}}}:settings", target.redis_key_prefix, target.event);
+    let key = format!("{}settings", redisconn::keys::queue_base(target.redis_key_prefix, target.event));
     let settings: HashMap<String, String> =
         redis::cmd("HGETALL").arg(key).query_async(&mut conn).await.context("room settings")?;
     Ok(rate_bound(&settings))

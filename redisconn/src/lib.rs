@@ -10,6 +10,8 @@
 //! `Script::invoke_async` work on either. A script unknown to the node a call reaches (`NOSCRIPT`: a restart, a
 //! failover to a replica, `SCRIPT FLUSH`) is loaded again and retried by `invoke_async` itself.
 
+pub mod keys;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;

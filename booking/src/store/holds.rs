@@ -54,27 +54,27 @@ impl Keys {
     }
 
     pub fn version(&self, event: EventId) -> String {
-        format!("{}seatmap:{{ev{event}}}:version", self.prefix)
+        redisconn::keys::seatmap(&self.prefix, event, "version")
     }
 
     /// The event's change log, a stream whose entry ids are map versions (see `lua/lib/seatmap_log.lua`).
     pub fn log(&self, event: EventId) -> String {
-        format!("{}seatmap:{{ev{event}}}:log", self.prefix)
+        redisconn::keys::seatmap(&self.prefix, event, "log")
     }
 
     /// What lapses by time to live, by when (see `lua/lib/seatmap_log.lua`).
     pub fn lapses(&self, event: EventId) -> String {
-        format!("{}seatmap:{{ev{event}}}:lapses", self.prefix)
+        redisconn::keys::seatmap(&self.prefix, event, "lapses")
     }
 
     /// The seats the event's log last said were held or sold (see `lua/lib/seatmap_log.lua`).
     pub fn taken(&self, event: EventId) -> String {
-        format!("{}seatmap:{{ev{event}}}:taken", self.prefix)
+        redisconn::keys::seatmap(&self.prefix, event, "taken")
     }
 
     /// The run id of the Redis server that last said it keeps the event's keys (see `lua/seatmap_server.lua`).
     pub fn server(&self, event: EventId) -> String {
-        format!("{}seatmap:{{ev{event}}}:server", self.prefix)
+        redisconn::keys::seatmap(&self.prefix, event, "server")
     }
 
     /// The event's seat map keys every state-changing script takes, in this order: version, log, lapses, taken.
@@ -85,7 +85,7 @@ impl Keys {
     /// The stream the outbox relay publishes order events to (one for every event; no hash tag, as no script
     /// touches it together with an event's keys).
     pub fn outbox_stream(&self) -> String {
-        format!("{}outbox:orders", self.prefix)
+        redisconn::keys::order_stream(&self.prefix)
     }
 }
 
