@@ -94,8 +94,26 @@ async fn send(
 /// held until the order's payment window ends.
 const RETRIES_WHILE_UNAVAILABLE: u32 = 5;
 
-fn unavailable(status: u16) -> bool {
-    matches!(status, 0 | 503)
+/// `send`, and again a second or so later while booking cannot answer, up to [`RETRIES_WHILE_UNAVAILABLE`]
+/// attempts; only for a request its idempotency makes one however often it is sent.
+async fn send_until_answered(
+    user: &mut GooseUser,
+    run: &Run,
+    name: &str,
+    method: GooseMethod,
+    path: &str,
+    prepare: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    expected: &[u16],
+) -> Result<Answer, Box<TransactionError>> {
+    let mut tries = 1;
+    loop {
+        let answer = send(user, run, name, method, path, &prepare, expected).await?;
+        if !matches!(answer.status, 0 | 503) || tries >= RETRIES_WHILE_UNAVAILABLE {
+            return Ok(answer);
+        }
+        tries += 1;
+        tokio::time::sleep(Duration::from_millis(rand::random_range(1000..=2000))).await;
+    }
 }
 
 /// Marks, in a status's name, a 503 that came without `Retry-After`.
@@ -364,29 +382,17 @@ pub async fn journey(user: &mut GooseUser) -> TransactionResult {
     // Check out.
     let key = format!("{}-{hold_token}", fan.account);
     let started = Instant::now();
-    let mut tries = 0;
-    let order = loop {
-        let order = send(
-            user,
-            run,
-            "checkout",
-            GooseMethod::Post,
-            &format!("/events/{event}/orders"),
-            |b| {
-                b.header("authorization", &auth)
-                    .header("idempotency-key", &key)
-                    .json(&json!({ "hold_token": hold_token }))
-            },
-            &[201, 409],
-        )
-        .await?;
-        tries += 1;
-        if !unavailable(order.status) || tries >= RETRIES_WHILE_UNAVAILABLE {
-            break order;
-        }
-        // As the page does: the same order again (its idempotency key makes it one), a second or so later.
-        tokio::time::sleep(Duration::from_millis(rand::random_range(1000..=2000))).await;
-    };
+    // As the page does, the same order again while booking cannot answer: its idempotency key makes it one.
+    let order = send_until_answered(
+        user,
+        run,
+        "checkout",
+        GooseMethod::Post,
+        &format!("/events/{event}/orders"),
+        |b| b.header("authorization", &auth).header("idempotency-key", &key).json(&json!({ "hold_token": hold_token })),
+        &[201, 409],
+    )
+    .await?;
     run.stats.checkout_latency(started.elapsed());
     if order.status != 201 {
         Stats::add(&run.stats.checkout_refused);
@@ -424,16 +430,16 @@ async fn pay(
 ) -> Result<bool, Box<TransactionError>> {
     let started = Instant::now();
     let path = format!("/events/{event}/orders/{order_id}/payment");
-    let mut tries = 0;
-    let opened = loop {
-        let opened =
-            send(user, run, "payment", GooseMethod::Post, &path, |b| b.header("authorization", auth), &[201]).await?;
-        tries += 1;
-        if !unavailable(opened.status) || tries >= RETRIES_WHILE_UNAVAILABLE {
-            break opened;
-        }
-        tokio::time::sleep(Duration::from_millis(rand::random_range(1000..=2000))).await;
-    };
+    let opened = send_until_answered(
+        user,
+        run,
+        "payment",
+        GooseMethod::Post,
+        &path,
+        |b| b.header("authorization", auth),
+        &[201],
+    )
+    .await?;
     let Some(pay_url) = opened.str("pay_url") else {
         Stats::add(&run.stats.payment_failed);
         return Ok(false);
