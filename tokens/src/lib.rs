@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 #[cfg(test)]
 mod tests;
+pub mod times;
 
 /// Audience of admission proofs: they are meant for booking.
 pub const ADMISSION_AUDIENCE: &str = "booking";

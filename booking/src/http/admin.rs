@@ -17,8 +17,8 @@ use super::orders::OrderView;
 use crate::domain::order::{Command, Status};
 use crate::domain::{EventId, OrderId};
 use crate::store::lifecycle::{self, Outcome, Scope};
-use crate::store::orders::rfc3339;
 use crate::store::outbox;
+use tokens::times::rfc3339;
 
 /// A request that carried the operator's bearer token.
 pub struct Operator;

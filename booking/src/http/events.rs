@@ -178,15 +178,9 @@ pub async fn get_availability(
         seats_available: on_sale - taken,
         seats_awaiting_payment: awaiting,
         seats_held: taken - sold,
-        next_release_at: lapse?.filter(|_| taken > sold || awaiting > 0).and_then(rfc3339_ms),
+        next_release_at: lapse?.filter(|_| taken > sold || awaiting > 0).map(tokens::times::rfc3339_ms),
         sold_out: on_sale > 0 && sold == on_sale,
     }))
-}
-
-/// A Unix-millisecond instant in RFC 3339 (to the millisecond).
-fn rfc3339_ms(ms: u64) -> Option<String> {
-    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()?;
-    Some(orders::rfc3339(t))
 }
 
 /// Every seat on sale with its status. Sold comes from Postgres (the truth), held from Redis. Gzipped for a

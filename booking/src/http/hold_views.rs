@@ -5,13 +5,12 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::error::ApiError;
 use crate::domain::{Catalogue, HoldToken, SeatId};
-use crate::store::orders::rfc3339;
+use tokens::times::rfc3339_ms;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PricedSeat {
@@ -71,10 +70,6 @@ pub(super) fn priced(cat: &Catalogue, seats: &[SeatId]) -> Vec<PricedSeat> {
         .collect()
 }
 
-pub(super) fn ms_to_rfc3339(ms: i64) -> String {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).map(rfc3339).unwrap_or_default()
-}
-
 /// 409 naming the seat that went, so the page can say which.
 pub(super) fn seat_unavailable(cat: &Catalogue, seat: SeatId) -> ApiError {
     let label = cat.label(seat);
@@ -104,7 +99,7 @@ pub(super) fn view(
     let seats = priced(cat, seats);
     HoldView {
         hold_token: token.0,
-        expires_at: ms_to_rfc3339(expires_at_ms),
+        expires_at: rfc3339_ms(expires_at_ms),
         total_cents: seats.iter().map(|s| s.price_cents).sum(),
         seats,
         currency: cat.event.currency.clone(),

@@ -12,9 +12,7 @@ use super::AppState;
 use super::auth::Proof;
 use super::error::{ApiError, ApiJson, ApiPath};
 use super::events::catalogue;
-use super::hold_views::{
-    HoldView, account_limit, granted, hold_expired, hold_not_yours, ms_to_rfc3339, seat_unavailable, view,
-};
+use super::hold_views::{HoldView, account_limit, granted, hold_expired, hold_not_yours, seat_unavailable, view};
 use super::idempotency::{in_flight, key_reused, optional_idempotency_key};
 use super::picking;
 use crate::domain::best::Want;
@@ -345,7 +343,7 @@ pub async fn extend_hold(
     let rec = own_record(&state, event, account.as_str(), token).await?;
     match state.holds.extend(event, account.as_str(), token, &rec).await? {
         HoldCheck::Live { expires_at_ms } => {
-            Ok(Json(ExtendView { hold_token: token.0, expires_at: ms_to_rfc3339(expires_at_ms) }))
+            Ok(Json(ExtendView { hold_token: token.0, expires_at: tokens::times::rfc3339_ms(expires_at_ms) }))
         }
         HoldCheck::Lost { .. } => Err(hold_expired()),
         HoldCheck::NotYours => Err(hold_not_yours()),

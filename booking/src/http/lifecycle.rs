@@ -19,7 +19,7 @@ use crate::domain::order::{Command, Status};
 use crate::domain::{Catalogue, EventId, OrderId};
 use crate::provider::NewPayment;
 use crate::store::lifecycle::{self, OrderRow, Outcome, Scope, SeatsEffect};
-use crate::store::orders::rfc3339;
+use tokens::times::rfc3339;
 
 /// The order as it is now (a reserved order past its deadline shows as cancelled, `expired`).
 pub(super) fn view(order: &OrderRow, cat: &Catalogue) -> OrderView {

@@ -22,7 +22,8 @@ use super::idempotency::{idempotency_key, in_flight, key_reused};
 use crate::domain::order::CancelReason;
 use crate::domain::{Catalogue, EventId, HoldToken, SeatId};
 use crate::store::holds::{HoldCheck, HoldRecord};
-use crate::store::orders::{self, Answer, Checkout, CheckoutError, NewOrder, Order, Recorded, rfc3339};
+use crate::store::orders::{self, Answer, Checkout, CheckoutError, NewOrder, Order, Recorded};
+use tokens::times::rfc3339;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -6,6 +6,7 @@
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
+use tokens::times::rfc3339;
 use uuid::Uuid;
 
 use super::StoreError;
@@ -512,11 +513,6 @@ pub async fn forget_old_keys(pool: &PgPool, batch: i64) -> Result<u64, StoreErro
     .execute(pool)
     .await?;
     Ok(done.rows_affected())
-}
-
-/// RFC 3339 with the offset the database gave (UTC).
-pub fn rfc3339(t: OffsetDateTime) -> String {
-    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
 
 /// Seats of the basket in an active order.

@@ -236,7 +236,10 @@ impl RoomView {
             all_held: s.all_held.is_some(),
             seats_may_return: s.all_held.map(|h| h.seats),
             ending: s.ending,
-            next_release_at: s.all_held.and_then(|h| h.next_release_ms).map(|ms| crate::room::rfc3339(ms / 1000)),
+            next_release_at: s
+                .all_held
+                .and_then(|h| h.next_release_ms)
+                .map(|ms| tokens::times::rfc3339_seconds(ms / 1000)),
             challenge: s.challenge,
             challenge_difficulty: s.challenge_difficulty,
             challenge_min_difficulty: s.challenge_min_difficulty,
@@ -373,7 +376,7 @@ async fn get_room(
             places_given: live.counts.seq,
             head: live.counts.head,
             next_draw_at: (live.counts.next_draw_ms > 0 && live.settings.queueing == Queueing::Lottery)
-                .then(|| crate::room::rfc3339(live.counts.next_draw_ms.div_ceil(1000))),
+                .then(|| tokens::times::rfc3339_seconds(live.counts.next_draw_ms.div_ceil(1000))),
             view_age_ms: live.read_at.elapsed().as_millis() as u64,
         }),
         schedule: live.schedule.clone(),

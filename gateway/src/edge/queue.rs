@@ -13,8 +13,9 @@ use super::reply::Reply;
 use crate::gate::Gate;
 use crate::limits::Limits;
 use crate::metrics::record_gate;
-use crate::room::{self, ChallengeMode, EtaSample, Freshness, QueueState, Rooms, Standing, rfc3339};
+use crate::room::{self, ChallengeMode, EtaSample, Freshness, QueueState, Rooms, Standing};
 use crate::store::{CodeRefusal, Freed, FreedBy, Joined, Joining, LazyStore, Passed, QueueStore, Stepped};
+use tokens::times::rfc3339_seconds;
 
 /// Cookie carrying the platform's account token for browsers (set by the platform's login, `HttpOnly`; or by
 /// the demo sign-in). The gateway never takes an account from a URL: a link that signed its reader in would
@@ -449,13 +450,13 @@ impl Queue {
                 403,
                 "code_not_yet",
                 "this presale code does not work yet",
-                json!({ "starts_at": rfc3339(starts_ms / 1000) }),
+                json!({ "starts_at": rfc3339_seconds(starts_ms / 1000) }),
             ),
             CodeRefusal::Ended { ends_ms } => Reply::error_with(
                 403,
                 "code_ended",
                 "this presale code no longer works",
-                json!({ "ended_at": rfc3339(ends_ms / 1000) }),
+                json!({ "ended_at": rfc3339_seconds(ends_ms / 1000) }),
             ),
         }
     }
@@ -608,7 +609,7 @@ impl Queue {
         Placed::from(QueueAnswer {
             prequeue: true,
             prequeue_size: Some(count),
-            opens_at: opens_at_ms.map(|ms| rfc3339(ms / 1000)),
+            opens_at: opens_at_ms.map(|ms| rfc3339_seconds(ms / 1000)),
             eta_seconds: eta,
             poll_after_ms: room::poll_after_ms(&room::Settings::DEFAULT, eta, jitter()),
             ..QueueAnswer::new(event, "waiting")
@@ -624,7 +625,7 @@ impl Queue {
         let settings = room.map_or(room::Settings::DEFAULT, |r| r.live.settings.clone());
         Placed::from(QueueAnswer {
             in_draw: true,
-            draw_at: next_ms.map(|ms| rfc3339(ms.div_ceil(1000))),
+            draw_at: next_ms.map(|ms| rfc3339_seconds(ms.div_ceil(1000))),
             draw_pool: Some(count),
             eta_seconds: eta,
             poll_after_ms: room::poll_after_ms(&settings, eta, jitter()),
@@ -652,7 +653,7 @@ impl Queue {
             all_held: held.is_some(),
             queue_all,
             seats_may_return: held.map(|h| h.seats),
-            next_release_at: held.and_then(|h| h.next_release_ms).map(|ms| rfc3339(ms / 1000)),
+            next_release_at: held.and_then(|h| h.next_release_ms).map(|ms| rfc3339_seconds(ms / 1000)),
             ..QueueAnswer::new(event, state)
         })
     }
@@ -666,8 +667,8 @@ impl Queue {
             self.cookie(tokens::ADMISSION_COOKIE, &proof, &format!("/events/{event}"), exp.saturating_sub(now));
         let body = QueueAnswer {
             admission_token: Some(proof),
-            admitted_at: Some(rfc3339(at_ms / 1000)),
-            expires_at: Some(rfc3339(exp)),
+            admitted_at: Some(rfc3339_seconds(at_ms / 1000)),
+            expires_at: Some(rfc3339_seconds(exp)),
             next: Some(format!("/events/{event}/buy")),
             ..QueueAnswer::new(event, "admitted")
         };

@@ -198,15 +198,6 @@ pub fn unix_time_arg(raw: &str) -> Result<u64, String> {
     }
 }
 
-/// A Unix-second instant in RFC 3339, as every answer gives times.
-pub fn rfc3339(unix_seconds: u64) -> String {
-    i64::try_from(unix_seconds)
-        .ok()
-        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_default()
-}
-
 /// Seats that are held or awaiting payment while none is free: they may come back when a hold or a payment
 /// window ends unused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
