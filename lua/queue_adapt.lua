@@ -12,7 +12,7 @@
 --     (additive increase: from the floor to the ceiling in ten seconds).
 -- The rate in force and the reason are written to the settings, where queue_admit reads them at its next step.
 --
--- KEYS (the same twenty-nine for every queue script, built by gateway/src/store.rs `QueueKeys`; this one uses):
+-- KEYS (the same twenty-nine for every queue script, built by gateway/src/store/keys.rs `QueueKeys`; this one uses):
 --   1 settings (hash)     <p>queue:{evE}:settings  rate_mode, admit_per_minute, rate_floor, rate_ceiling,
 --                                                   target_p99_ms, target_503_percent (read); rate_in_force,
 --                                                   rate_reason (written)

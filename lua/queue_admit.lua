@@ -10,7 +10,7 @@
 -- (a codes_first room's fans without a code) takes the next place first, or is skipped as abandoned (counted,
 -- no place given).
 --
--- KEYS (the same twenty-nine for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-nine for every queue script, built by gateway/src/store/keys.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
 --                                                   all_held (1: every seat left is held; nobody is admitted),

@@ -5,7 +5,7 @@
 -- ARGV[1]. Each draw is recorded, so anyone can recompute every place it gave. Any node may run it on every tick: a draw is made once per interval. A room
 -- that is open and no longer a lottery draws a pool left in it at once.
 --
--- KEYS (the same twenty-nine for every queue script, built by gateway/src/store.rs `QueueKeys`; this one uses):
+-- KEYS (the same twenty-nine for every queue script, built by gateway/src/store/keys.rs `QueueKeys`; this one uses):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, queueing, draw_every_seconds
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (written)
 --   4 places (hash)       <p>queue:{evE}:places    account -> place (written)

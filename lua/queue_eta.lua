@@ -3,7 +3,7 @@
 -- times: a fan counts once, on whichever node saw it first. The samples of the last 1000 counted fans are kept;
 -- each node reads them when `eta_counted` moves and reports their p50 and p90 (the room's, not the node's).
 --
--- KEYS (the same twenty-nine for every queue script, built by gateway/src/store.rs `QueueKeys`; this one uses):
+-- KEYS (the same twenty-nine for every queue script, built by gateway/src/store/keys.rs `QueueKeys`; this one uses):
 --  11 stats (hash)        <p>queue:{evE}:stats     eta_counted (written)
 --  28 etas (sorted set)   <p>queue:{evE}:etas      account, score = when it was counted (ms): who counts
 --                                                  already (kept an hour: long past any fan's last poll)

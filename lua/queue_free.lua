@@ -3,7 +3,7 @@
 -- node refuses proofs issued before it left) and, if it was still waiting, its place (skipped as abandoned when
 -- its turn comes). Any node may run it for the same fan any number of times: a slot is freed and counted once.
 --
--- KEYS (the same twenty-nine for every queue script, built by gateway/src/store.rs `QueueKeys`; this one uses):
+-- KEYS (the same twenty-nine for every queue script, built by gateway/src/store/keys.rs `QueueKeys`; this one uses):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, session_seconds
 --   7 seen (sorted set)   <p>queue:{evE}:seen      account, score = when it last joined or polled (ms) (written)
 --   8 active (sorted set) <p>queue:{evE}:active    account, score = when it was admitted (ms) (written)

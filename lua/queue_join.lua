@@ -1,6 +1,6 @@
 -- queue_join: give an account its one place in an event's queue, or in its pre-queue before the opening.
 --
--- KEYS (the same twenty-nine for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-nine for every queue script, built by gateway/src/store/keys.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version,
 --                                                   challenge (on, auto: a new place costs a solved challenge),

@@ -2,7 +2,7 @@
 -- gateway has checked the pass's signature, expiry, account and event; this spends it and counts the fan among
 -- the room's active ones, as an admission step would, without a place in the queue.
 --
--- KEYS (the same twenty-nine for every queue script, built by gateway/src/store.rs `QueueKeys`; this one uses):
+-- KEYS (the same twenty-nine for every queue script, built by gateway/src/store/keys.rs `QueueKeys`; this one uses):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, max_active, session_seconds
 --   8 active (sorted set) <p>queue:{evE}:active    account, score = when it was admitted (ms) (written)
 --  11 stats (hash)        <p>queue:{evE}:stats     passes_total (written)

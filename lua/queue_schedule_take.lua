@@ -2,7 +2,7 @@
 -- may run it on any tick: a change is removed as it is returned, so exactly one node applies it (and puts it
 -- back if it cannot).
 --
--- KEYS (the same twenty-nine for every queue script, built by gateway/src/store.rs `QueueKeys`; this one uses):
+-- KEYS (the same twenty-nine for every queue script, built by gateway/src/store/keys.rs `QueueKeys`; this one uses):
 --  25 schedule (zset)     <p>queue:{evE}:schedule  a change waiting (JSON: id, at, set), score = when it applies (ms)
 -- Time is Redis's own clock (TIME), never a node's.
 -- ARGV[1]     most changes claimed at once

@@ -6,7 +6,7 @@
 -- does, and a test checks it against this script).
 -- Live joiners get places after the drawn ones, because joins see `prequeue` until this script has run.
 --
--- KEYS (the same twenty-nine for every queue script, built by gateway/src/store.rs `QueueKeys`):
+-- KEYS (the same twenty-nine for every queue script, built by gateway/src/store/keys.rs `QueueKeys`):
 --   1 settings (hash)     <p>queue:{evE}:settings  state, admit_per_minute, max_active, session_seconds,
 --                                                   abandon_after_seconds, opens_at (Unix ms, 0 = none), version
 --   2 seq (counter)       <p>queue:{evE}:seq       the last place given out (places count from 1)

@@ -5,7 +5,7 @@
 -- window is measured on Redis's clock and the decision is recorded, so it is made once per window, not once
 -- per node.
 --
--- KEYS (the same twenty-nine for every queue script, built by gateway/src/store.rs `QueueKeys`; this one reads):
+-- KEYS (the same twenty-nine for every queue script, built by gateway/src/store/keys.rs `QueueKeys`; this one reads):
 --   1 settings (hash)     <p>queue:{evE}:settings  challenge, challenge_difficulty, challenge_min_difficulty,
 --                                                   challenge_max_difficulty, challenge_window_seconds,
 --                                                   admit_per_minute, rate_mode, rate_in_force (the rate in force)
