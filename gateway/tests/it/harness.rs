@@ -283,11 +283,6 @@ impl GatewayProcess {
         }
     }
 
-    /// The process id, to read its memory.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// A metric from the node's admin listener, by its full name with labels (`name{label="v"}`), if it has
     /// one yet.
     pub async fn metric(&self, series: &str) -> Option<u64> {

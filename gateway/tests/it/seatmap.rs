@@ -1,7 +1,7 @@
 //! The live seat map's stream, served by the gateway from the event's change log in Redis. The log is written
 //! here by the very Lua function booking's scripts use to write it (`lua/lib/seatmap_log.lua`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::join_all;
 use gateway::store::SeatMapKeys;
@@ -487,25 +487,15 @@ async fn a_layout_sent_uncompressed_costs_its_address_twenty_requests_of_its_bud
     assert_eq!(gw.get(&format!("/events/{EVENT}/seats/status"), &[]).await.status, 200, "the status costs one");
 }
 
-/// KiB of resident memory of a process.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
+/// The memory each subscriber costs is measured by `deploy/bench-seatmap`, not here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_thousand_subscribers_each_receive_every_delta_with_bounded_memory() {
+async fn five_thousand_subscribers_each_receive_every_delta() {
     const SUBSCRIBERS: usize = 5_000;
     const CHANGES: usize = 20;
     let prefix = prefix();
     let (gw, _upstream) = gateway(&prefix).await;
     let start = publish(&prefix, &["1:h"]).await;
     let port: u16 = gw.base.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
-    let rss_before = rss_kib(gw.pid());
     // Raw sockets: a client as light as can be, so the gateway is what is measured.
     let request = format!(
         "GET /events/{EVENT}/seats/stream?since={start} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n\r\n"
@@ -533,9 +523,7 @@ async fn five_thousand_subscribers_each_receive_every_delta_with_bounded_memory(
     }))
     .await;
     assert!(heads.iter().all(|ok| *ok), "every subscriber got 200");
-    let rss_during = rss_kib(gw.pid());
     let mut last = start;
-    let published = Instant::now();
     for seat in 0..CHANGES {
         last = publish(&prefix, &[&format!("{}:s", 100 + seat)]).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -557,13 +545,5 @@ async fn five_thousand_subscribers_each_receive_every_delta_with_bounded_memory(
     }))
     .await;
     let all = received.iter().filter(|ok| **ok).count();
-    let took = published.elapsed();
-    let per_subscriber = rss_during.saturating_sub(rss_before) * 1024 / SUBSCRIBERS as u64;
-    eprintln!(
-        "{SUBSCRIBERS} subscribers: {all} got all {CHANGES} changes within {took:?}; gateway RSS {rss_before} -> {rss_during} KiB, {per_subscriber} bytes per subscriber"
-    );
     assert_eq!(all, SUBSCRIBERS, "every subscriber received every change");
-    // Pingora's own state per client connection (its task and proxy future, the header buffer) is most of it;
-    // with pingora's default 64 KiB read buffer per connection this was over 100 KiB.
-    assert!(per_subscriber <= 64 * 1024, "memory per subscriber stays bounded: {per_subscriber} bytes");
 }
