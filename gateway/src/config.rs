@@ -110,6 +110,11 @@ pub struct Config {
     /// A node whose view of a queue is older than this answers 503 instead of guessing, in milliseconds.
     #[arg(long, env = "GATEWAY_STALE_AFTER_MS", default_value_t = 2000)]
     pub stale_after_ms: u64,
+    /// How long a room stays over before it retires, in seconds (0: never on its own). A room is over while it
+    /// is sold out, or closed after admitting fans, with nobody inside and nothing scheduled; retired, its keys
+    /// are deleted and it is forgotten (`gateway admin retire` does it at once).
+    #[arg(long, env = "GATEWAY_RETIRE_AFTER_SECONDS", default_value_t = 86_400)]
+    pub retire_after_seconds: u64,
     /// How often to ask booking what an open room's event has left (sold out; every seat left held), in
     /// milliseconds (0: never).
     #[arg(long, env = "GATEWAY_AVAILABILITY_POLL_MS", default_value_t = 1000)]
@@ -268,6 +273,9 @@ pub enum AdminAction {
     },
     /// Show the recorded pre-queue draw (seed, join order) and check it by recomputing every place.
     Draw { event: i64 },
+    /// Retire an event's waiting room now: its places, codes and history are deleted and every node forgets
+    /// it; a later `set` makes it anew, empty.
+    Retire { event: i64 },
     /// Mint a sponsor pass: signed, expiring, for one account and this event; it admits at once (within
     /// max_active), once. Prints it with its expiry.
     Pass {

@@ -163,6 +163,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         free_on_paid: cfg.free_on_paid,
         health,
         slow_pass: cfg.stale_after() / 2,
+        retire_after: (cfg.retire_after_seconds > 0).then(|| Duration::from_secs(cfg.retire_after_seconds)),
         node: format!("{:016x}", rand::random::<u64>()),
     };
     server.add_service(background_service("queue ticker", ticker));

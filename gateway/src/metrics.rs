@@ -59,6 +59,11 @@ pub fn record_room_restored() {
     metrics::counter!("waiting_room_rooms_restored_total").increment(1);
 }
 
+/// One room retired by this node, over for the time set.
+pub fn record_room_retired() {
+    metrics::counter!("waiting_room_rooms_retired_total").increment(1);
+}
+
 /// One connection closed at once: its client IP holds as many as it may.
 pub fn record_connection_refused() {
     metrics::counter!("gateway_connections_refused_total").increment(1);

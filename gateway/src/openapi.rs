@@ -163,6 +163,20 @@ fn get_room() {}
     ))]
 fn put_room() {}
 
+/// Retire a room now (admin listener): its places, codes and history are deleted, and every node forgets it
+/// within a tick; a later PUT makes it anew, empty. Rooms over for `GATEWAY_RETIRE_AFTER_SECONDS` retire on
+/// their own.
+#[utoipa::path(delete, path = "/admin/events/{event_id}", tag = "admin",
+    params(("event_id" = i64, Path, minimum = 1, description = "event id")),
+    security(("admin" = [])),
+    responses(
+        (status = 204, description = "retired"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "queue_not_found: no room to retire"),
+        (status = 503, body = ErrorBody),
+    ))]
+fn delete_room() {}
+
 /// Mint a sponsor pass for one account and this event (admin listener): signed, expiring, single use.
 #[utoipa::path(post, path = "/admin/events/{event_id}/passes", tag = "admin",
     params(("event_id" = i64, Path, minimum = 1, description = "event id")),
@@ -280,7 +294,7 @@ struct LotteryDraws {
         API on the admin listener. `/events/{event_id}/...` is forwarded to booking (see booking's document) with \
         an admission proof; `/events/{event_id}/seats/status` and `/seats/layout/{catalogue_version}` without \
         one, under the per-IP limit."),
-    paths(join, leave, solver, status, page, seat_stream, healthz, get_room, put_room, post_pass, post_codes, get_codes, get_draw, post_schedule, get_schedule, delete_scheduled, get_lottery),
+    paths(join, leave, solver, status, page, seat_stream, healthz, get_room, put_room, delete_room, post_pass, post_codes, get_codes, get_draw, post_schedule, get_schedule, delete_scheduled, get_lottery),
     components(schemas(ErrorBody, Left, QueueAnswer, RoomView, LiveView, DrawView, PassAsk, PassView, SettingsPatch, QueueState, ChallengeMode, Access, BatchAsk, CodesMade, Report, BatchView, Batch, Redemption, Queueing, RateMode, ScheduleAsk, ScheduleView, Scheduled, Applied, LotteryDraws, LotteryDrawView)),
     modifiers(&Security),
 )]

@@ -48,6 +48,19 @@ pub struct Ticker {
     pub health: Arc<crate::health::Health>,
     /// A pass (registration, freed slots, every room's step and read) longer than this is logged.
     pub slow_pass: Duration,
+    /// How long a room stays over (see [`over`]) before this node retires it; `None`: never on its own.
+    pub retire_after: Option<Duration>,
+}
+
+/// Whether a room is over: sold out, or closed after admitting fans (a room closed while it is prepared has
+/// admitted nobody), with nobody inside and no change scheduled.
+pub fn over(live: &crate::room::Live) -> bool {
+    let ended = match live.settings.state {
+        QueueState::SoldOut => true,
+        QueueState::Closed => live.counts.admitted_total > 0,
+        _ => false,
+    };
+    ended && live.counts.active == 0 && live.schedule.is_empty()
 }
 
 /// Rooms stepped at once: their Redis calls share one multiplexed connection, so a node with hundreds of
@@ -69,6 +82,8 @@ impl BackgroundService for Ticker {
         let mut last_eviction = Instant::now();
         let mut last_registration: Option<Instant> = None;
         let mut stepped = HashMap::new();
+        // Since when (by this node's clock) each room has been over.
+        let mut over_since = HashMap::new();
         // Where this node reads booking's order event stream from: its end when the node starts.
         let mut orders: Option<String> = None;
         loop {
@@ -86,6 +101,7 @@ impl BackgroundService for Ticker {
             if last_registration.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
                 last_registration = Some(Instant::now());
                 self.register().await;
+                self.retire_over(&mut over_since).await;
             }
             if self.free_on_paid {
                 self.free_paid(&mut orders).await;
@@ -312,6 +328,31 @@ impl Ticker {
         *cursor = Some(last);
     }
 
+    /// Retires the rooms this node has seen over for `retire_after`. Any node may; retiring twice is harmless.
+    async fn retire_over(&self, over_since: &mut HashMap<i64, Instant>) {
+        let Some(after) = self.retire_after else { return };
+        let Ok(store) = self.store.get() else { return };
+        let events = self.rooms.events();
+        over_since.retain(|event, _| events.contains(event));
+        for event in events {
+            if !self.rooms.get(event).is_some_and(|room| over(&room.live)) {
+                over_since.remove(&event);
+                continue;
+            }
+            if over_since.entry(event).or_insert_with(Instant::now).elapsed() < after {
+                continue;
+            }
+            match store.retire(event).await {
+                Ok(_) => {
+                    tracing::info!(event, after_seconds = after.as_secs(), "the room was over; it is retired");
+                    crate::metrics::record_room_retired();
+                    over_since.remove(&event);
+                }
+                Err(e) => tracing::debug!(event, error = %e, "could not retire a room; trying again later"),
+            }
+        }
+    }
+
     /// Steps and reads every room that is due (`stepped`: when each room last was), a few at once. A room
     /// that fails does not hold the others back: they stay fresh, and the first error is returned.
     async fn tick(&self, stepped: &mut HashMap<i64, Instant>) -> Result<(), StoreError> {
@@ -319,10 +360,11 @@ impl Ticker {
         let mut events = store.rooms().await?;
         // A room this node knows that Redis no longer lists lost its data: its settings come back from this
         // node's view (every node may do it; the writes only fill what is missing), so the room takes fans again.
-        for event in self.rooms.events() {
-            if !events.contains(&event)
-                && let Some(room) = self.rooms.get(event)
-            {
+        // A retired one is forgotten instead.
+        let missing: Vec<i64> = self.rooms.events().into_iter().filter(|event| !events.contains(event)).collect();
+        let retired = store.retired_among(&missing).await?;
+        for (event, _) in missing.into_iter().zip(retired).filter(|(_, retired)| !retired) {
+            if let Some(room) = self.rooms.get(event) {
                 store.restore(event, &room.live.settings).await?;
                 tracing::warn!(event, "the room was gone from Redis; its settings were restored from this node's view");
                 crate::metrics::record_room_restored();

@@ -47,6 +47,7 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
             let ask = json!({ "account": account, "ttl_seconds": ttl_seconds });
             (*event, client.post(format!("{base}/admin/events/{event}/passes")).json(&ask))
         }
+        AdminAction::Retire { event } => (*event, client.delete(format!("{base}/admin/events/{event}"))),
         AdminAction::Set { event, patch } => (*event, client.put(format!("{base}/admin/events/{event}")).json(patch)),
         AdminAction::Schedule { event, list: true, .. } => {
             (*event, client.get(format!("{base}/admin/events/{event}/schedule")))
@@ -61,7 +62,8 @@ async fn execute(args: AdminArgs) -> anyhow::Result<()> {
     };
     let request = request.bearer_auth(token);
     // A 503 says the queue's store did not answer (a Redis restarting, a connection being made again): the same
-    // request again after its Retry-After, a few times. Reading and setting settings are both safe to repeat.
+    // request again after its Retry-After, a few times. Reading and setting settings, and retiring, are all safe
+    // to repeat.
     let mut attempt = 1;
     let response = loop {
         let again = request.try_clone().context("a request that can be sent again")?;

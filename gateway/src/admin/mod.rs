@@ -79,7 +79,7 @@ struct AdminState {
 
 fn router(state: Arc<AdminState>) -> Router {
     Router::new()
-        .route("/admin/events/{event}", get(get_room).put(put_room))
+        .route("/admin/events/{event}", get(get_room).put(put_room).delete(delete_room))
         .route("/admin/events/{event}/draw", get(get_draw))
         .route("/admin/events/{event}/lottery", get(get_lottery))
         .route("/admin/events/{event}/passes", axum::routing::post(post_pass))
@@ -414,6 +414,26 @@ async fn put_room(
     tracing::info!(event, ?patch, version = configured.settings.version, "waiting room changed");
     let view = RoomView { drawn: Some(drawn), ..RoomView::new(event, &configured.settings) };
     Ok(axum::Json(view).into_response())
+}
+
+/// `DELETE /admin/events/{event}`: retires the room now (see `QueueStore::retire`); every node forgets it
+/// within a tick. 404 when there is no room to retire.
+async fn delete_room(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Response, Refused> {
+    let event = guard(&state, &headers, &raw)?;
+    let store = state.store.get().map_err(|_| unavailable())?;
+    let retired = store.retire(event).await.map_err(|e| {
+        tracing::warn!(error = %e, event, "retiring a room failed");
+        unavailable()
+    })?;
+    if !retired {
+        return Err(error(StatusCode::NOT_FOUND, "queue_not_found", "this event has no waiting room to retire"));
+    }
+    tracing::info!(event, "waiting room retired by an operator");
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// A sponsor pass asked for.

@@ -21,6 +21,13 @@ impl QueueKeys {
     pub fn all(&self) -> Vec<String> {
         KEY_NAMES.iter().map(|name| self.key(name)).collect()
     }
+
+    /// Every key the room has: the scripts' twenty-nine and its presale code batches (`queue_retire`'s keys).
+    pub fn every(&self) -> Vec<String> {
+        let mut keys = self.all();
+        keys.push(self.key("codebatches"));
+        keys
+    }
 }
 
 /// The keys every queue script receives, in this order (the scripts' headers list them).
@@ -50,6 +57,12 @@ impl SeatMapKeys {
 /// The set of events that have a waiting room (no hash tag: read on its own, never inside a script).
 pub fn rooms_key(prefix: &str) -> String {
     format!("{prefix}queue:rooms")
+}
+
+/// The rooms retired: over, their keys deleted. A node that still remembers one forgets it instead of
+/// restoring it (no hash tag: it spans every event).
+pub fn retired_key(prefix: &str) -> String {
+    format!("{prefix}queue:retired")
 }
 
 /// Which room each presale code belongs to (no hash tag: it spans every event), so that a code sent to another

@@ -30,7 +30,7 @@ mod rooms;
 
 pub use conn::{LazyStore, Replication};
 pub use draws::Draw;
-pub use keys::{QueueKeys, SeatMapKeys, codes_index_key, nodes_key, outbox_key, rooms_key, signin_key};
+pub use keys::{QueueKeys, SeatMapKeys, codes_index_key, nodes_key, outbox_key, retired_key, rooms_key, signin_key};
 pub use log::{LogEntry, LogReader, Paid};
 pub use queue::{CodeRefusal, Freed, FreedBy, Joined, Joining, Passed, Snapshot, StateChange, Stepped};
 pub use rooms::Configured;
@@ -62,6 +62,7 @@ struct Scripts {
     adapt: Script,
     schedule: Script,
     draw: Script,
+    retire: Script,
 }
 
 impl Scripts {
@@ -85,6 +86,7 @@ impl Scripts {
                 include_str!("../../../lua/lib/queue_shuffle.lua"),
                 include_str!("../../../lua/queue_draw.lua")
             )),
+            retire: Script::new(include_str!("../../../lua/queue_retire.lua")),
         }
     }
 }

@@ -89,6 +89,8 @@ impl QueueStore {
         }
         let () = self.run(pipe.query_async(&mut conn)).await?;
         self.replicate(event, false).await?;
+        // An operator's change makes a retired room anew, empty.
+        let _: i64 = self.run(conn.srem(retired_key(&self.prefix), event)).await?;
         self.list_room(event).await?;
         let change = match patch.state {
             Some(state) => Some(self.set_state(event, state, seed, None).await?),
@@ -112,6 +114,43 @@ impl QueueStore {
         let () = self.run(pipe.query_async(&mut conn)).await?;
         self.replicate(event, false).await?;
         self.list_room(event).await
+    }
+
+    /// Retires the room: marks it retired (so that no node restores it from its view), takes it off the list of
+    /// rooms, then deletes its presale codes from the index and every key it has but its place counter
+    /// (`lua/queue_retire.lua`). Returns whether there was anything to retire; retiring again does nothing.
+    pub async fn retire(&self, event: i64) -> Result<bool, StoreError> {
+        let k = self.keys(event);
+        let mut conn = self.conn.clone();
+        let _: i64 = self.run(conn.sadd(retired_key(&self.prefix), event)).await?;
+        let listed: i64 = self.run(conn.srem(rooms_key(&self.prefix), event)).await?;
+        let codes: Vec<String> = self.run(conn.hkeys(k.key("codes"))).await?;
+        let index = codes_index_key(&self.prefix);
+        for chunk in codes.chunks(1000) {
+            // A code of the same text in another room keeps its entry.
+            let rooms: Vec<Option<i64>> =
+                self.run(redis::cmd("HMGET").arg(&index).arg(chunk).query_async(&mut conn)).await?;
+            let ours: Vec<&String> =
+                chunk.iter().zip(rooms).filter(|(_, room)| *room == Some(event)).map(|(c, _)| c).collect();
+            if !ours.is_empty() {
+                let _: i64 = self.run(conn.hdel(&index, ours)).await?;
+            }
+        }
+        let mut retire = self.scripts.retire.prepare_invoke();
+        for key in k.every() {
+            retire.key(key);
+        }
+        let existed: i64 = self.run(retire.invoke_async(&mut conn)).await?;
+        Ok(listed > 0 || existed > 0)
+    }
+
+    /// Which of `events` are retired.
+    pub async fn retired_among(&self, events: &[i64]) -> Result<Vec<bool>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.clone();
+        self.run(redis::cmd("SMISMEMBER").arg(retired_key(&self.prefix)).arg(events).query_async(&mut conn)).await
     }
 
     /// Adds the event to the set of rooms, after its settings are written. The set has no hash tag (it spans

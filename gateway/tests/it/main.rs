@@ -13,5 +13,6 @@ mod queue;
 mod queueing;
 mod replication;
 mod resharding;
+mod retire;
 mod schedule;
 mod seatmap;
