@@ -9,7 +9,8 @@
 -- ARGV[1]     the prefix of every seat key of the event, <p>hold:{evE}:seat: (the seats are read from the
 --             members, so they are not in KEYS; they share the event's hash slot)
 -- ARGV[2]     most lapses taken in one run (the rest wait for the next)
--- Returns     {lapses taken, seats logged as available, the version logged or 0}
+-- Returns     {lapses taken, seats logged as available, the version logged or 0, ms until the next lapse is
+--             due (-1: none waits)}
 -- Time is Redis's clock. A member is taken once its score is in the past and none of its seats still carries
 -- its token with an expiry set (that key's expiry equals the instant the script started: it has not expired
 -- yet, and the member waits for the next run).
@@ -17,8 +18,16 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[2]))
+-- How long until the earliest lapse left is due, so that the caller steps an event with nothing due seldom.
+local function next_due()
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    return -1
+  end
+  return math.max(0, tonumber(first[2]) - now)
+end
 if #due == 0 then
-  return {0, 0, 0}
+  return {0, 0, 0, next_due()}
 end
 local changes = {}
 local taken = {}
@@ -63,4 +72,4 @@ if #taken > 0 then
   redis.call('ZREM', KEYS[3], unpack(taken))
 end
 local v = seatmap_publish(KEYS[1], KEYS[2], KEYS[4], changes)
-return {#taken, #changes, v or 0}
+return {#taken, #changes, v or 0, next_due()}

@@ -2,7 +2,7 @@
 //! (publishes order events to the Redis Stream) and the lapse step (logs the seats whose hold or unpaid order
 //! ran out). Each is safe to run in any number of processes at once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -241,15 +241,24 @@ const LAPSE_EVENTS_AT_ONCE: usize = 16;
 /// How often the list of events whose lapses are logged is read again from Postgres.
 const LAPSE_EVENTS_EVERY: Duration = Duration::from_secs(5);
 
+/// Longest an event with no lapse waiting goes unstepped: any node may make a hold or an order meanwhile, and the
+/// step learns of it at its next look. It looks again within half a hold's life and half a payment window, so
+/// it learns of each before it is due.
+const LAPSE_IDLE_LOOK: Duration = Duration::from_secs(5);
+
 /// Every `every`, logs in each event's seat map the holds and unpaid orders whose time ran out
 /// (`Holds::lapse`), forever: a time to live makes no sound, and fans watching the map learn of a lapse from
 /// this step. It covers events that have not started (or started within the last day), re-read from Postgres
-/// every few seconds.
-pub async fn lapses(pool: PgPool, holds: Holds, every: Duration) {
+/// every few seconds. Each event is stepped again when its next lapse is due, and one with none waiting only
+/// every few seconds, so the work of a step follows the events being sold, not every event on the books.
+pub async fn lapses(pool: PgPool, holds: Holds, every: Duration, payment_window: Duration) {
+    let idle_look = LAPSE_IDLE_LOOK.min(holds.ttl() / 2).min(payment_window / 2).max(every);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut events: Vec<EventId> = Vec::new();
     let mut listed: Option<std::time::Instant> = None;
+    // When each event is stepped next (not there: at once).
+    let mut next: HashMap<EventId, tokio::time::Instant> = HashMap::new();
     loop {
         tick.tick().await;
         if listed.is_none_or(|at| at.elapsed() >= LAPSE_EVENTS_EVERY) {
@@ -257,31 +266,42 @@ pub async fn lapses(pool: PgPool, holds: Holds, every: Duration) {
                 Ok(found) => {
                     events = found;
                     listed = Some(std::time::Instant::now());
+                    next.retain(|event, _| events.contains(event));
                 }
                 Err(e) => tracing::warn!(error = %e, "could not list the events whose lapses are logged"),
             }
         }
+        let now = tokio::time::Instant::now();
+        let due = events.iter().copied().filter(|event| next.get(event).is_none_or(|at| *at <= now));
         // A few events at once, over the one multiplexed connection: a step's time does not grow with every
-        // event on sale one round trip at a time, and one event's failure does not hold up the others.
-        let failed = AtomicUsize::new(0);
-        futures::stream::iter(&events)
-            .for_each_concurrent(LAPSE_EVENTS_AT_ONCE, |&event| {
-                let (holds, failed) = (&holds, &failed);
-                async move {
-                    match holds.lapse(event, LAPSE_BATCH).await {
-                        Ok(lapsed) if lapsed.seats > 0 => {
-                            metrics::counter!("booking_seats_lapsed_total").increment(lapsed.seats as u64);
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            if failed.fetch_add(1, Ordering::Relaxed) == 0 {
-                                tracing::warn!(error = %e, event = event.0, "lapse step failed; retrying at the next tick");
-                            }
-                        }
-                    }
-                }
+        // event due one round trip at a time, and one event's failure does not hold up the others.
+        let stepped: Vec<_> = futures::stream::iter(due)
+            .map(|event| {
+                let holds = &holds;
+                async move { (event, holds.lapse(event, LAPSE_BATCH).await) }
             })
+            .buffer_unordered(LAPSE_EVENTS_AT_ONCE)
+            .collect()
             .await;
+        let mut failed = false;
+        for (event, result) in stepped {
+            let wait = match result {
+                Ok(lapsed) => {
+                    if lapsed.seats > 0 {
+                        metrics::counter!("booking_seats_lapsed_total").increment(lapsed.seats as u64);
+                    }
+                    if lapsed.taken >= LAPSE_BATCH { Duration::ZERO } else { lapsed.next_due.unwrap_or(idle_look) }
+                }
+                Err(e) => {
+                    if !failed {
+                        tracing::warn!(error = %e, event = event.0, "lapse step failed; retrying at the next tick");
+                    }
+                    failed = true;
+                    Duration::ZERO
+                }
+            };
+            next.insert(event, tokio::time::Instant::now() + wait.min(idle_look));
+        }
     }
 }
 

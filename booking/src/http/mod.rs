@@ -262,7 +262,8 @@ pub async fn serve(
         background.push(tokio::spawn(workers::sweeper(state.pool.clone(), every, check)));
     }
     if let Some(every) = state.background.lapse_every {
-        background.push(tokio::spawn(workers::lapses(state.pool.clone(), state.holds.clone(), every)));
+        let window = Duration::from_secs(state.payments.window.seconds.into());
+        background.push(tokio::spawn(workers::lapses(state.pool.clone(), state.holds.clone(), every, window)));
     }
     if let Some(relay) = state.background.relay.clone() {
         let (conn, _) = state.holds.connection();

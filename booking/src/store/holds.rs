@@ -281,6 +281,8 @@ pub struct Lapsed {
     pub seats: usize,
     /// The version of the log entry, if one was written.
     pub version: Option<MapVersion>,
+    /// How long until the earliest lapse left is due, by Redis's clock (`None`: none waits).
+    pub next_due: Option<Duration>,
 }
 
 /// The Redis side of holds. Cheap to clone: the connection manager multiplexes one connection.
@@ -294,6 +296,11 @@ pub struct Holds {
 }
 
 impl Holds {
+    /// How long a new hold lasts.
+    pub fn ttl(&self) -> Duration {
+        self.times.ttl
+    }
+
     pub fn new(conn: Conn, keys: Keys, timeout: Duration, times: HoldTimes) -> Self {
         Self { conn, keys, timeout, times, scripts: std::sync::Arc::new(Scripts::load()) }
     }
@@ -705,7 +712,8 @@ impl Holds {
     }
 
     /// Logs as available every seat of the event's holds and unpaid orders whose time ran out, at most
-    /// `limit` of them per call (`lua/seatmap_lapse.lua`). Returns how many lapses were taken.
+    /// `limit` of them per call (`lua/seatmap_lapse.lua`). Returns how many lapses were taken, and when the
+    /// next is due.
     pub async fn lapse(&self, event: EventId, limit: usize) -> Result<Lapsed, StoreError> {
         let mut inv = self.scripts.lapse.prepare_invoke();
         for key in self.keys.map(event) {
@@ -714,10 +722,11 @@ impl Holds {
         inv.arg(self.keys.seat_prefix(event)).arg(limit);
         let reply: Vec<i64> = self.call(inv).await?;
         match reply.as_slice() {
-            &[taken, seats, version] if taken >= 0 && seats >= 0 => Ok(Lapsed {
+            &[taken, seats, version, next_due] if taken >= 0 && seats >= 0 => Ok(Lapsed {
                 taken: taken as usize,
                 seats: seats as usize,
                 version: (version > 0).then_some(version as u64),
+                next_due: u64::try_from(next_due).ok().map(Duration::from_millis),
             }),
             other => Err(StoreError::Unexpected(format!("seatmap_lapse: {other:?}"))),
         }

@@ -290,8 +290,9 @@ async fn a_hold_released_after_it_ran_out_but_before_its_lapse_was_logged_is_log
     app.stop().await;
 }
 
-/// One run of the lapse step over the app's event: (lapses taken, seats logged, version or 0).
-async fn lapse_once(app: &mut TestApp) -> (i64, i64, i64) {
+/// One run of the lapse step over the app's event: (lapses taken, seats logged, version or 0, ms until the next
+/// lapse is due or -1).
+async fn lapse_once(app: &mut TestApp) -> (i64, i64, i64, i64) {
     let script = redis::Script::new(booking::store::holds::sources::SEATMAP_LAPSE);
     let (keys, event) = (app.keys(), EventId(app.event));
     let mut inv = script.prepare_invoke();
@@ -319,13 +320,17 @@ async fn a_lapse_due_by_the_index_waits_while_redis_still_holds_its_seats(pool: 
     let members: Vec<String> =
         redis::cmd("ZRANGE").arg(&lapses).arg(0).arg(-1).query_async(&mut app.redis).await.expect("ZRANGE");
     assert_eq!(members.len(), 2, "the hold's and the order's: {members:?}");
+    let (taken, _, _, next_due) = lapse_once(&mut app).await;
+    assert_eq!(taken, 0, "nothing is due yet");
+    assert!((1..=600_000).contains(&next_due), "the first is due within a hold's life: {next_due} ms");
     let past = redis_now_ms(&mut app).await - 1_000;
     for member in &members {
         let _: i64 =
             redis::cmd("ZADD").arg(&lapses).arg(past).arg(member).query_async(&mut app.redis).await.expect("ZADD");
     }
     let logged = log_since(&mut app, start).await.last().expect("entries").0;
-    assert_eq!(lapse_once(&mut app).await, (0, 0, 0), "nothing is taken while Redis holds the seats");
+    // Nothing is taken while Redis holds the seats, and both are due now: the step comes back at once.
+    assert_eq!(lapse_once(&mut app).await, (0, 0, 0, 0), "nothing is taken while Redis holds the seats");
     assert_eq!(log_since(&mut app, logged).await, vec![], "nothing logged");
     let left: i64 = redis::cmd("ZCARD").arg(&lapses).query_async(&mut app.redis).await.expect("ZCARD");
     assert_eq!(left, 2, "both wait in the index");
@@ -337,8 +342,9 @@ async fn a_lapse_due_by_the_index_waits_while_redis_still_holds_its_seats(pool: 
             redis::cmd("PEXPIRE").arg(app.seat_key(seat)).arg(1).query_async(&mut app.redis).await.expect("PEXPIRE");
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let (taken, logged_seats, version) = lapse_once(&mut app).await;
+    let (taken, logged_seats, version, next_due) = lapse_once(&mut app).await;
     assert_eq!((taken, logged_seats), (2, 3), "both lapses taken, their three seats logged");
+    assert_eq!(next_due, -1, "none waits");
     let log = log_since(&mut app, logged).await;
     assert_eq!(log.len(), 1, "{log:?}");
     assert_eq!(log[0].0, version as u64);
