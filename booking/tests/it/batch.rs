@@ -487,8 +487,18 @@ async fn orders_are_looked_up_by_index_even_when_the_statistics_say_the_tables_a
             .expect("statuses");
     assert_eq!(statuses, ["cancelled/expired"; 4], "the stale orders were freed on the way");
 
-    // The outbox relay publishes every row written above, then finds nothing left.
+    // The outbox relay publishes every row written above, then finds nothing left. It publishes a row once no
+    // transaction that began before it is open, anywhere on the server (the snapshot's xmin is the cluster's):
+    // other tests' transactions may hold it back a moment, so it first waits for them.
     let events: i64 = sqlx::query_scalar("SELECT count(*) FROM order_events").fetch_one(&one).await.expect("events");
+    let visible = eventually(Duration::from_secs(30), async || {
+        sqlx::query_scalar::<_, bool>("SELECT max(txid) < pg_snapshot_xmin(pg_current_snapshot()) FROM order_events")
+            .fetch_one(&one)
+            .await
+            .expect("xmin")
+    })
+    .await;
+    assert!(visible, "a transaction stayed open for 30 s");
     let counted = reads().await;
     let mut conn = testkit::redis().await;
     let stream = outbox::Stream { key: format!("test-{}:outbox:orders", Uuid::new_v4()), max_len: 0 };
