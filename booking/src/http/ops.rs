@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::store::orders;
+use crate::store::{orders, outbox};
 
 /// The process is up.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
@@ -35,8 +35,21 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Va
     Ok(Json(json!({"status": "ready", "postgres": "ok", "redis": "ok"})))
 }
 
-/// Prometheus text exposition.
-pub async fn metrics() -> Response {
+/// Longest a scrape waits for the outbox backlog's count; past it the gauge keeps its last value.
+const BACKLOG_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Prometheus text exposition. The figures read at scrape time are set first: the connection pool's use, and
+/// the order events not yet published (the same count on every node: the relay's backlog).
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let (size, idle) = (state.pool.size(), state.pool.num_idle() as u32);
+    metrics::gauge!("booking_db_connections", "state" => "in_use").set(f64::from(size.saturating_sub(idle)));
+    metrics::gauge!("booking_db_connections", "state" => "idle").set(f64::from(idle));
+    metrics::gauge!("booking_db_connections_max").set(f64::from(state.pool.options().get_max_connections()));
+    match tokio::time::timeout(BACKLOG_WAIT, outbox::backlog(&state.pool)).await {
+        Ok(Ok(rows)) => metrics::gauge!("booking_outbox_backlog").set(rows as f64),
+        Ok(Err(e)) => tracing::debug!(error = %e, "could not count the outbox backlog for a scrape"),
+        Err(_) => tracing::debug!("the outbox backlog's count took too long for a scrape"),
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], telemetry::prometheus().render()).into_response()
 }
 

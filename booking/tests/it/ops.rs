@@ -212,3 +212,29 @@ fn the_fake_provider_refuses_to_listen_beyond_loopback_unless_told() {
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("loopback only"), "{said}");
 }
+
+/// A series' value in a Prometheus text exposition.
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn metrics_show_the_outbox_backlog_and_the_pools_use(pool: PgPool) {
+    // No relay here: the order events written below stay unpublished.
+    let app = TestApp::spawn_with(pool, &["--outbox-relay-interval-ms", "0"]).await;
+    let scrape =
+        async || app.client.get(app.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    assert_eq!(series(&scrape().await, "booking_outbox_backlog"), Some(0.0));
+    let seats = app.seats_on_sale().await;
+    app.reserve("fan-a", &seats[0..1]).await;
+    app.reserve("fan-b", &seats[1..2]).await;
+    let unpublished = booking::store::outbox::backlog(&app.pool).await.expect("backlog");
+    assert!(unpublished >= 2, "each order's creation is an event: {unpublished}");
+    let text = scrape().await;
+    assert_eq!(series(&text, "booking_outbox_backlog"), Some(unpublished as f64), "{text}");
+    let max = series(&text, "booking_db_connections_max").expect("the pool's size");
+    let in_use = series(&text, "booking_db_connections{state=\"in_use\"}").expect("in use");
+    let idle = series(&text, "booking_db_connections{state=\"idle\"}").expect("idle");
+    assert!(max >= 1.0 && in_use + idle <= max, "{in_use} in use and {idle} idle of {max}");
+    app.stop().await;
+}
