@@ -61,6 +61,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         .with_context(|| format!("binding the admin listener on {}", cfg.admin_listen))?;
     admin_listener.set_nonblocking(true)?;
     telemetry::prometheus();
+    gateway::metrics::register_zeros();
 
     let rooms = Arc::new(Rooms::default());
     let limits = Arc::new(Limits::with_header(

@@ -74,7 +74,18 @@ pub fn record_head_timeout() {
     metrics::counter!("gateway_head_timeouts_total").increment(1);
 }
 
-/// One request refused by a rate limit.
+/// The limits a request may be refused by.
+const RATE_LIMITS: [&str; 2] = ["account", "ip"];
+
+/// Registers at zero the labelled counters a dashboard charts from the start: until something counts, a series
+/// that does not exist is a blank panel, not a zero.
+pub fn register_zeros() {
+    for limit in RATE_LIMITS {
+        metrics::counter!("gateway_rate_limited_total", "limit" => limit).increment(0);
+    }
+}
+
+/// One request refused by a rate limit (`limit`: one of [`RATE_LIMITS`]).
 pub fn record_rate_limited(limit: &'static str) {
     metrics::counter!("gateway_rate_limited_total", "limit" => limit).increment(1);
 }
